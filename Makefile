@@ -1,0 +1,30 @@
+# Two commands do all the set-up: `make lab` (the course) and `make test` (the suite).
+# The first use of either creates .venv and installs everything; later uses reuse it.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: lab test demo lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[lab,dev]"
+	touch $(STAMP)
+
+lab: $(STAMP)  ## start JupyterLab on the course (lessons/ first)
+	$(VENV)/bin/jupyter lab --notebook-dir=. --ServerApp.default_url=/lab/tree/lessons
+
+test: $(STAMP)  ## lint, then the whole test suite
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)  ## plain vs speculative decoding on the default models, in the terminal
+	$(VENV)/bin/specdec demo
+
+bench: $(STAMP)  ## the side-by-side benchmark on the zoo pair
+	$(VENV)/bin/specdec bench
+
+clean-venv:
+	rm -rf $(VENV)

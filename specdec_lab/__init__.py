@@ -1,0 +1,20 @@
+"""specdec_lab: speculative decoding, taught and implemented.
+
+    import specdec_lab as sd
+    pair = sd.load_pair()                       # the shipped zoo pair, offline
+    out = sd.generate(pair.target, ids, drafter=sd.DraftModelDrafter(pair.draft, k=4))
+    out.tokens, out.stats.mean_accepted_tokens
+"""
+
+from specdec_lab.decode import GenerationOutput, StepRecord, generate
+from specdec_lab.drafters import DecodeState, Draft, Drafter, DraftModelDrafter, PromptLookupDrafter
+from specdec_lab.models import ModelPair, load_model, load_pair, zoo_path
+from specdec_lab.sampling import SamplingConfig, process_logits
+from specdec_lab.stats import DecodeStats
+from specdec_lab.verify import Verdict, verify_greedy, verify_rejection
+
+__all__ = [
+    "DecodeState", "DecodeStats", "Draft", "DraftModelDrafter", "Drafter", "GenerationOutput", "ModelPair",
+    "PromptLookupDrafter", "SamplingConfig", "StepRecord", "Verdict", "generate", "load_model", "load_pair",
+    "process_logits", "verify_greedy", "verify_rejection", "zoo_path",
+]

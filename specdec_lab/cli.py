@@ -1,0 +1,157 @@
+"""The `specdec` command: generate text, run the demo, train the zoo.
+
+    specdec generate "def add(a, b):" --method draft --k 4
+    specdec demo
+    specdec train all
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+DEMO_PROMPTS = [
+    'def is_prime(n):\n    """Return True if n is a prime number."""\n',
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "import os\n\n\ndef list_python_files(folder):\n",
+]
+
+
+def build_drafter(method: str, pair, k: int):
+    """The drafter for a method name ("plain" returns None: autoregressive decoding)."""
+    import specdec_lab as sd
+
+    if method == "plain":
+        return None
+    if method == "draft":
+        return sd.DraftModelDrafter(pair.draft, k=k)
+    if method == "lookup":
+        return sd.PromptLookupDrafter(k=k)
+    raise SystemExit(f"unknown method {method!r}")
+
+
+def load_for_cli(args):
+    import specdec_lab as sd
+
+    try:
+        return sd.load_pair(target=args.target, draft=args.draft)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def cmd_generate(args) -> None:
+    import specdec_lab as sd
+
+    pair = load_for_cli(args)
+    ids = pair.tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    if args.method == "draft" and pair.draft is None:
+        raise SystemExit("error: --method draft needs a draft model (--draft PATH)")
+    try:
+        out = sd.generate(pair.target, ids, drafter=build_drafter(args.method, pair, args.k),
+                          max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(args.prompt + pair.tokenizer.decode(out.tokens))
+    print("---")
+    for key, value in out.stats.summary().items():
+        print(f"{key:>24}: {value}")
+
+
+def cmd_demo(args) -> None:
+    import torch
+
+    import specdec_lab as sd
+
+    torch.set_num_threads(args.threads)
+    pair = load_for_cli(args)
+    methods = [("plain", None), ("draft model k=4", sd.DraftModelDrafter(pair.draft, k=4)),
+               ("prompt lookup", sd.PromptLookupDrafter(k=8))]
+    print(f"target: {pair.target.num_parameters() / 1e6:.1f}M params, draft: "
+          f"{pair.draft.num_parameters() / 1e6:.2f}M params, {args.threads} threads, greedy, "
+          f"{args.max_new_tokens} new tokens per prompt\n")
+    ids_list = [pair.tokenizer(p, add_special_tokens=False)["input_ids"] for p in DEMO_PROMPTS]
+    sd.generate(pair.target, ids_list[0], max_new_tokens=8)  # warm-up
+    totals = {}
+    for name, drafter in methods:
+        started = time.perf_counter()
+        outs = [sd.generate(pair.target, ids, drafter=drafter, max_new_tokens=args.max_new_tokens) for ids in ids_list]
+        seconds = time.perf_counter() - started
+        totals[name] = (outs, seconds)
+    baseline_outs, baseline_seconds = totals["plain"]
+    print(f"{'method':<18}{'tokens/s':>10}{'speedup':>9}{'tau':>7}{'accept':>8}  same as plain")
+    for name, (outs, seconds) in totals.items():
+        tokens = sum(o.stats.new_tokens for o in outs)
+        forwards = sum(o.stats.target_forwards for o in outs)
+        drafted = sum(o.stats.drafted for o in outs)
+        accepted = sum(o.stats.accepted for o in outs)
+        same = all(o.tokens == b.tokens for o, b in zip(outs, baseline_outs, strict=True))
+        rate = f"{accepted / drafted:.2f}" if drafted else "-"
+        print(f"{name:<18}{tokens / seconds:>10.1f}{baseline_seconds / seconds:>8.2f}x{tokens / forwards:>7.2f}"
+              f"{rate:>8}  {'yes' if same else 'NO'}")
+    print("\nfirst prompt, speculative output:\n" + DEMO_PROMPTS[0]
+          + pair.tokenizer.decode(totals["draft model k=4"][0][0].tokens))
+
+
+def cmd_train(args) -> None:
+    from specdec_lab.models import zoo_path
+    from specdec_lab.train.zoo import STAGES, run_stage
+
+    recipe = args.recipe or str(zoo_path() / "recipe.json")
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    for stage in stages:
+        result = run_stage(stage, recipe, args.workdir, args.max_minutes)
+        print(f"{stage}: {result}")
+        if not result.get("finished", True):
+            break
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="target model folder or hub id (default: the shipped zoo target)")
+    parser.add_argument("--draft", help="draft model folder or hub id (default: the zoo draft)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description="Speculative decoding: a cheap drafter proposes tokens, the target verifies them in one pass.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="complete a prompt and print the text and the decoding statistics")
+    gen.add_argument("prompt", help="text to continue")
+    gen.add_argument("--method", choices=["plain", "draft", "lookup"], default="draft",
+                     help="plain autoregressive, draft-model speculation, or prompt lookup (default: draft)")
+    gen.add_argument("--k", type=int, default=4, help="tokens drafted per step (default: 4)")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    gen.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: 0)")
+    add_model_options(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="plain vs speculative decoding side by side on the default models")
+    demo.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: 64)")
+    demo.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    add_model_options(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    train = sub.add_parser("train", help="rebuild the shipped zoo from its recipe (resumes where it stopped)")
+    train.add_argument("stage", choices=["all", "tokenizer", "target", "draft"], help="what to train")
+    train.add_argument("--recipe", help="recipe JSON (default: the shipped zoo's recipe.json)")
+    train.add_argument("--workdir", default="runs", help="checkpoints and logs (default: ./runs)")
+    train.add_argument("--max-minutes", type=float, default=None,
+                       help="pause (checkpointed) after this many minutes; run again to resume")
+    train.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,223 @@
+"""The one decode loop that every method shares: draft, verify in one target forward, roll back, repeat.
+
+    prefill the target on the prompt and sample the first token
+    repeat until max_new_tokens, EOS or the context limit:
+        draft    = drafter.propose(state)                  # k candidate tokens (+ their q)
+        logits   = target([last token] + draft)            # ONE forward scores all k + 1 positions
+        verdict  = verify(draft, logits)                    # greedy or lossless rejection
+        emit the accepted tokens and the target's own next token
+        roll the target cache back to the accepted prefix; drafter.commit(...)
+
+With `drafter=None` (or an empty draft) a step is plain autoregressive decoding with the KV cache.
+Invariant: the target cache holds `state.tokens[:-1]`; the last emitted token is fed at the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec_lab.cache import new_cache, truncate
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.sampling import SamplingConfig, make_generator, process_logits, sample
+from specdec_lab.stats import DecodeStats
+from specdec_lab.verify import Verdict, verify_greedy, verify_rejection
+
+
+@dataclass
+class GenerationOutput:
+    """Result of `generate`: the new tokens only, the run's statistics, and why it stopped
+    ("max_new_tokens", "eos" or "context")."""
+
+    tokens: list[int]
+    stats: DecodeStats
+    stopped_by: str
+
+
+@dataclass
+class StepRecord:
+    """One verification step, for step-through widgets (passed to `on_step`).
+
+    draft: what was proposed; target_logits: the target's raw logits at the k + 1 positions; target_probs:
+    the same after sampling processing; verdict: the decision; emitted: the tokens this step added.
+    """
+
+    draft: Draft
+    target_logits: torch.Tensor
+    target_probs: torch.Tensor
+    verdict: Verdict
+    emitted: list[int]
+
+
+def prompt_to_list(input_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int]:
+    """Validate a prompt (list of ids, 1-D tensor, or a (1, n) batch) and return it as a list of ints."""
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.ndim == 2 and input_ids.shape[0] == 1:
+            input_ids = input_ids[0]
+        if input_ids.ndim != 1:
+            raise ValueError(f"input_ids must be 1-D (or shape (1, n)), got shape {tuple(input_ids.shape)}")
+        input_ids = input_ids.tolist()
+    tokens = [int(t) for t in input_ids]
+    if not tokens:
+        raise ValueError("the prompt is empty: give at least one token id (e.g. the tokenizer's BOS/EOS token)")
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size}); got {bad[:5]}")
+    return tokens
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device that holds `model`'s weights."""
+    return next(model.parameters()).device
+
+
+def context_limit(model: torch.nn.Module) -> int:
+    """Longest sequence (prompt + output) the model supports."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
+def default_eos(model: torch.nn.Module) -> int | None:
+    """The model's own end-of-sequence id (generation config first, then model config)."""
+    for config in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if eos is not None:
+            return int(eos)
+    return None
+
+
+class Clock:
+    """Accumulates wall time into a stats field (synchronising CUDA so GPU work is counted where it runs)."""
+
+    def __init__(self, stats: DecodeStats, device: torch.device):
+        self.stats = stats
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def add(self, field_name: str, since: float) -> float:
+        now = self.now()
+        setattr(self.stats, field_name, getattr(self.stats, field_name) + now - since)
+        return now
+
+
+def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, last_only: bool = False):
+    """Run the target on `tokens` after its cache; return (logits, per-layer hidden states or None)."""
+    out = target(input_ids=tokens[None], cache=cache, use_cache=True, output_hidden_states=want_hidden,
+                 logits_to_keep=1 if last_only else 0)
+    hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
+    return out.logits[0].float(), hidden
+
+
+def choose_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
+    """The target's own next token from one position's logits (argmax when greedy)."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    return int(sample(process_logits(logits, sampling), generator))
+
+
+def verify_chain(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
+                 generator: torch.Generator) -> Verdict:
+    """Apply the chain rule that fits the sampling settings: greedy matching, or lossless rejection."""
+    if sampling.greedy:
+        return verify_greedy(draft.tokens, logits)
+    return verify_rejection(draft.tokens, process_logits(logits, sampling), draft.probs, generator)
+
+
+@torch.inference_mode()
+def generate(
+    target: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    drafter: Drafter | None = None,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> GenerationOutput:
+    """Generate up to `max_new_tokens` tokens after `input_ids` with `target`, speculatively if given a drafter.
+
+    target: a Hugging Face causal LM; input_ids: the prompt's token ids; drafter: the proposer (None = plain
+    autoregressive decoding); temperature / top_k / top_p: sampling settings applied to target and draft
+    alike (temperature 0 = greedy); seed: seeds the run's only random generator; eos_token_id: stop after
+    emitting this id (None = the model's own EOS); on_step: called with a `StepRecord` after every
+    verification step (for visualisations). The output is distributed exactly as target-only sampling.
+    """
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    prompt = prompt_to_list(input_ids, target.config.vocab_size)
+    limit = context_limit(target)
+    if len(prompt) >= limit:
+        raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context is {limit} tokens; "
+                         "shorten the prompt")
+    eos = default_eos(target) if eos_token_id is None else eos_token_id
+    budget = min(max_new_tokens, limit - len(prompt))
+    device = model_device(target)
+    stats = DecodeStats()
+    clock = Clock(stats, device)
+    started = clock.now()
+    if budget == 0:
+        stopped = "max_new_tokens" if max_new_tokens == 0 else "context"
+        return GenerationOutput([], stats, stopped)
+
+    want_hidden = drafter is not None and drafter.needs_hidden_states
+    state = DecodeState(list(prompt), len(prompt), sampling, make_generator(seed, device), device, target)
+    cache = new_cache(target)
+
+    # Prefill: one forward over the prompt gives the first new token.
+    logits, hidden = target_forward(target, torch.tensor(prompt, device=device), cache, want_hidden,
+                                    last_only=True)
+    stats.target_forwards += 1
+    state.tokens.append(choose_next(logits[-1], sampling, state.generator))
+    state.hidden_states = hidden
+    stopped = "eos" if state.tokens[-1] == eos else None
+    tick = clock.add("verify_seconds", started)
+    if drafter is not None and not stopped:
+        drafter.start(state)
+        tick = clock.add("draft_seconds", tick)
+
+    while not stopped and len(state.tokens) - len(prompt) < budget:
+        remaining = budget - (len(state.tokens) - len(prompt))
+        if drafter is not None and remaining > 1:
+            draft = drafter.propose(state, remaining - 1)
+        else:
+            draft = Draft(torch.empty(0, dtype=torch.long, device=device))
+        tick = clock.add("draft_seconds", tick)
+
+        context_length = len(state.tokens)  # the target cache holds context_length - 1 of them
+        feed = torch.cat([torch.tensor(state.tokens[-1:], device=device), draft.tokens])
+        logits, hidden = target_forward(target, feed, cache, want_hidden)
+        stats.target_forwards += 1
+        verdict = verify_chain(draft, logits, sampling, state.generator)
+        emitted = draft.tokens[: verdict.accepted].tolist() + [verdict.next_token]
+        truncate(cache, context_length + verdict.accepted)
+        stats.record_step(len(draft), verdict.accepted)
+        if eos in emitted:
+            emitted = emitted[: emitted.index(eos) + 1]
+            stopped = "eos"
+        state.tokens.extend(emitted)
+        if want_hidden:
+            state.hidden_states = tuple(h[: verdict.accepted + 1] for h in hidden)
+        tick = clock.add("verify_seconds", tick)
+        if on_step is not None:
+            on_step(StepRecord(draft, logits, process_logits(logits, sampling), verdict, emitted))
+        if drafter is not None and not stopped:
+            drafter.commit(state, verdict.accepted)
+            tick = clock.add("draft_seconds", tick)
+
+    new_tokens = state.tokens[len(prompt) :]
+    stats.new_tokens = len(new_tokens)
+    stats.total_seconds = clock.now() - started
+    if stopped is None:
+        stopped = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context"
+    return GenerationOutput(new_tokens, stats, stopped)

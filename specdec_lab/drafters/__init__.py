@@ -1,0 +1,7 @@
+"""Drafters: the proposers that plug into the one decode loop."""
+
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.drafters.draft_model import DraftModelDrafter
+from specdec_lab.drafters.prompt_lookup import PromptLookupDrafter
+
+__all__ = ["DecodeState", "Draft", "Drafter", "DraftModelDrafter", "PromptLookupDrafter"]

@@ -1,0 +1,63 @@
+"""Vanilla speculative decoding (Leviathan et al. 2023, Chen et al. 2023): a small model drafts k tokens.
+
+The draft model samples its k tokens autoregressively under the same sampling settings as the target and
+records each q it sampled from, so the target can run the lossless rejection rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_lab.cache import new_cache, truncate
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.sampling import process_logits, sample
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts with a smaller causal LM that shares the target's tokenizer.
+
+    draft_model: any Hugging Face causal LM with the target's vocabulary; k: tokens drafted per step.
+    """
+
+    def __init__(self, draft_model: torch.nn.Module, k: int = 4):
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")
+        self.model = draft_model
+        self.k = k
+        self.cache = None
+        self.cached = 0  # how many of state.tokens the draft cache holds
+
+    def start(self, state: DecodeState) -> None:
+        target_vocab = state.target.config.vocab_size
+        draft_vocab = self.model.config.vocab_size
+        if target_vocab != draft_vocab:
+            raise ValueError(
+                f"draft and target have different vocabularies ({draft_vocab} vs {target_vocab} tokens); "
+                "speculative decoding needs a draft model that uses the target's tokenizer"
+            )
+        self.cache = new_cache(self.model)
+        self.cached = 0
+
+    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
+        k = min(self.k, max_tokens)
+        feed = torch.tensor(state.tokens[self.cached :], device=state.device)
+        tokens, probs = [], []
+        for i in range(k):
+            logits = self.model(input_ids=feed[None], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            if state.sampling.greedy:
+                token = logits.argmax()
+            else:
+                q = process_logits(logits, state.sampling)
+                token = sample(q, state.generator)
+                probs.append(q)
+            tokens.append(token)
+            feed = token.reshape(1)
+            self.cached += 1 if i else len(state.tokens) - self.cached
+        # The last drafted token was never fed, so the cache holds the context plus tokens[:-1].
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+    def commit(self, state: DecodeState, accepted: int) -> None:
+        # Keep the cached draft tokens that the target accepted; everything after them is stale.
+        context_length = len(state.tokens) - accepted - 1
+        self.cached = min(self.cached, context_length + accepted)
+        truncate(self.cache, self.cached)

@@ -1,0 +1,94 @@
+"""Loading causal LMs: any Hugging Face folder or hub id, and the shipped zoo pair.
+
+Models load in fp32 on CPU (the zoo stores fp16 weights, upcast here) and in fp16 on CUDA, in eval mode.
+The tokenizer is looked up in the model folder first, then in a sibling `tokenizer/` folder (zoo layout).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+ZOO_ROOT = Path(__file__).parent / "zoo"
+DEFAULT_ZOO = "stdlib-12m"
+
+
+@dataclass
+class ModelPair:
+    """A target, a draft that shares its tokenizer, and that tokenizer."""
+
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    tokenizer: PreTrainedTokenizerBase
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """`device` if given, else CUDA when present, else CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device, dtype: torch.dtype | None = None) -> torch.dtype:
+    """`dtype` if given, else fp16 on CUDA and fp32 on CPU (CPU half-precision matmuls are slow)."""
+    if dtype is not None:
+        return dtype
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def zoo_path(name: str = DEFAULT_ZOO) -> Path:
+    """The folder of a shipped zoo (it holds `tokenizer/`, `target/`, `draft/` and head folders)."""
+    return ZOO_ROOT / name
+
+
+def _load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:
+    local = Path(path)
+    if local.is_dir() and not (local / "tokenizer_config.json").exists() and (local.parent / "tokenizer").is_dir():
+        local = local.parent / "tokenizer"
+        return AutoTokenizer.from_pretrained(str(local))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_model(path_or_id: str | os.PathLike, device: str | torch.device | None = None,
+               dtype: torch.dtype | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a local folder or a hub id.
+
+    path_or_id: a Hugging Face model folder (or hub id, when the network allows); device: where to put it
+    (default: CUDA if present, else CPU); dtype: weight precision (default: fp16 on CUDA, fp32 on CPU).
+    """
+    device = pick_device(device)
+    source = str(path_or_id)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(device, dtype))
+        tokenizer = _load_tokenizer(source)
+    except (OSError, ValueError) as error:
+        where = "local folder" if Path(source).exists() else "not a local folder, and not fetchable as a hub id"
+        raise FileNotFoundError(f"could not load a causal LM from {source!r}: {where}. Cause: {error}") from None
+    return model.to(device).eval(), tokenizer
+
+
+def load_pair(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = None,
+              device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> ModelPair:
+    """Load a target and a draft model (default: the shipped zoo pair, offline).
+
+    target / draft: model folders or hub ids (None = the zoo's); device / dtype: as for `load_model`.
+    """
+    zoo = zoo_path()
+    if target is None:
+        target = zoo / "target"
+        draft = zoo / "draft" if draft is None else draft
+        if not (Path(target) / "config.json").exists():
+            raise FileNotFoundError(f"the zoo models are missing in {zoo}; build them with "
+                                    "`specdec train all` (see the model card)")
+    target_model, tokenizer = load_model(target, device, dtype)
+    draft_model = None
+    if draft is not None:
+        draft_model, draft_tokenizer = load_model(draft, device, dtype)
+        if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"draft {str(draft)!r} and target {str(target)!r} use different tokenizers; "
+                             "speculative decoding needs a shared vocabulary")
+    return ModelPair(target_model, draft_model, tokenizer)

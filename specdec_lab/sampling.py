@@ -1,0 +1,74 @@
+"""Turning logits into the probability vectors that speculative decoding compares.
+
+The same processing (temperature, then top-k, then top-p, in Hugging Face's order) must be applied to the
+target's logits p and the drafter's logits q: the losslessness proof is about the *processed* distributions.
+Temperature 0 means greedy: the distribution is one-hot at the argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to turn logits into a distribution.
+
+    temperature: 0 for greedy, otherwise logits are divided by it; top_k: keep only the k most likely
+    tokens (None = all); top_p: keep the smallest set of most likely tokens whose mass reaches top_p
+    (None = all).
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
+        if self.top_p is not None and not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must lie in (0, 1] or be None, got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: always take the most likely token."""
+        return self.temperature == 0
+
+
+def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Probability vectors (same shape as `logits`, last dim = vocabulary) under `config`.
+
+    logits: raw model scores, any leading shape; config: the sampling settings shared by target and draft.
+    """
+    logits = logits.float()
+    if config.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / config.temperature
+    if config.top_k is not None and config.top_k < logits.shape[-1]:
+        kth_best = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if config.top_p is not None and config.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        # Drop a token once the more likely tokens already reach top_p; the top token always stays.
+        drop_sorted = mass_before >= config.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token id per row of `probs` (shape (..., V)) using `generator` for reproducibility."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A `torch.Generator` on `device` seeded with `seed`: every random draw in the engine goes through one."""
+    return torch.Generator(device=device).manual_seed(seed)

@@ -1,0 +1,1 @@
+"""Training code for the shipped zoo: corpus, tokenizer, target pre-training, draft distillation, heads."""

@@ -1,0 +1,86 @@
+"""The training corpus: the running interpreter's standard-library Python source.
+
+It exists on every machine, so nothing is copied into the repository. Files are read in a fixed order and
+split into train/validation by a hash of their path, so the split never depends on the directory walk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Folders that are tests, vendored packages or build artefacts rather than library source.
+EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "__phello__"}
+
+
+def stdlib_root() -> Path:
+    """The folder holding the running interpreter's standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_validation(relative_path: str, val_percent: int) -> bool:
+    """Whether a file belongs to the validation split (stable hash of its path, `val_percent` in 100)."""
+    digest = hashlib.sha256(relative_path.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100 < val_percent
+
+
+@dataclass
+class Corpus:
+    """Standard-library source files, split by file into train and validation."""
+
+    root: Path
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+
+    def read(self, relative_path: str) -> str:
+        """The text of one corpus file (undecodable bytes replaced, so every file is usable)."""
+        return (self.root / relative_path).read_text(encoding="utf-8", errors="replace")
+
+    def texts(self, split: str) -> list[str]:
+        """All texts of one split ("train" or "val"), in the corpus order."""
+        files = {"train": self.train_files, "val": self.val_files}[split]
+        return [self.read(f) for f in files]
+
+    def fingerprint(self) -> str:
+        """A short hash of the exact files (names and bytes), recorded with every model trained on them."""
+        h = hashlib.sha256()
+        for split, files in (("train", self.train_files), ("val", self.val_files)):
+            for rel in files:
+                h.update(f"{split}:{rel}".encode())
+                h.update(hashlib.sha256((self.root / rel).read_bytes()).digest())
+        return h.hexdigest()[:16]
+
+    def describe(self) -> dict:
+        """What a model card records about the data it was trained on."""
+        return {
+            "source": "Python standard library (.py files outside test folders)",
+            "python_version": platform.python_version(),
+            "train_files": len(self.train_files),
+            "val_files": len(self.val_files),
+            "fingerprint": self.fingerprint(),
+        }
+
+
+def load_corpus(root: Path | None = None, val_percent: int = 5) -> Corpus:
+    """Collect the `.py` files under `root` (default: this interpreter's stdlib), split by path hash.
+
+    root: folder to read; val_percent: share of files (in percent) that go to validation.
+    """
+    root = Path(root) if root is not None else stdlib_root()
+    if not root.is_dir():
+        raise FileNotFoundError(f"corpus folder not found: {root}")
+    corpus = Corpus(root=root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in EXCLUDED_DIRS and not d.startswith("config-"))
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            (corpus.val_files if is_validation(rel, val_percent) else corpus.train_files).append(rel)
+    corpus.train_files.sort()
+    corpus.val_files.sort()
+    return corpus

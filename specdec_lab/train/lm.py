@@ -1,0 +1,110 @@
+"""Language-model stages of the zoo: pre-train the target, distil the draft from it.
+
+The models are plain `LlamaForCausalLM`, so every Hugging Face tool loads them. The draft is trained to
+match the target's next-token distribution (forward KL on the target's logits), which is what speculative
+decoding rewards: acceptance depends on how close q is to p, not on the draft's own perplexity.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+from specdec_lab.train.loop import train
+from specdec_lab.train.recipe import ModelShape, RunConfig
+
+
+def build_llama(shape: ModelShape, vocab_size: int, eos_token_id: int, seed: int) -> LlamaForCausalLM:
+    """A freshly initialised Llama of the given shape (tied input/output embeddings keep it small)."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def tokenize_stream(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
+    """All documents as one token stream, each followed by end-of-text (int32 to keep it small)."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def sample_batch(stream: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
+    """`batch_size` random windows of `seq_len + 1` tokens, reproducible from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
+    return torch.stack([stream[s : s + seq_len + 1] for s in starts.tolist()]).long()
+
+
+def fixed_eval_batches(stream: torch.Tensor, run: RunConfig) -> list[torch.Tensor]:
+    """The same validation windows at every evaluation, so the curve is comparable across steps."""
+    return [sample_batch(stream, run.batch_size, run.seq_len, 10_000 + i) for i in range(run.eval_batches)]
+
+
+@torch.no_grad()
+def mean_loss(model: LlamaForCausalLM, batches: list[torch.Tensor]) -> float:
+    """Mean next-token cross-entropy (nats/token) of `model` on `batches`."""
+    total = 0.0
+    for batch in batches:
+        logits = model(batch[:, :-1]).logits
+        total += F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()).item()
+    return total / len(batches)
+
+
+def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_stream: torch.Tensor,
+                    run: RunConfig, workdir: Path, max_minutes: float | None = None) -> dict:
+    """Next-token pre-training of the target; returns validation loss and perplexity."""
+    val = fixed_eval_batches(val_stream, run)
+
+    def loss_on_batch(step: int) -> torch.Tensor:
+        batch = sample_batch(train_stream, run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
+        logits = model(batch[:, :-1]).logits
+        return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+    def evaluate() -> dict:
+        loss = mean_loss(model, val)
+        return {"val_loss": loss, "val_ppl": math.exp(loss)}
+
+    return train(model, loss_on_batch, evaluate, run, workdir, "target", max_minutes)
+
+
+def distill_draft(draft: LlamaForCausalLM, target: LlamaForCausalLM, train_stream: torch.Tensor,
+                  val_stream: torch.Tensor, run: RunConfig, workdir: Path,
+                  max_minutes: float | None = None) -> dict:
+    """Train the draft on KL(p_target || q_draft); returns its validation loss and greedy agreement."""
+    target.eval().requires_grad_(False)
+    val = fixed_eval_batches(val_stream, run)
+
+    def loss_on_batch(step: int) -> torch.Tensor:
+        batch = sample_batch(train_stream, run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
+        with torch.no_grad():
+            p_log = F.log_softmax(target(batch[:, :-1]).logits, dim=-1)
+        q_log = F.log_softmax(draft(batch[:, :-1]).logits, dim=-1)
+        return F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
+
+    def evaluate() -> dict:
+        agree, count = 0, 0
+        for batch in val:
+            same = draft(batch[:, :-1]).logits.argmax(-1) == target(batch[:, :-1]).logits.argmax(-1)
+            agree += same.sum().item()
+            count += same.numel()
+        return {"val_loss": mean_loss(draft, val), "greedy_agreement": agree / count}
+
+    return train(draft, loss_on_batch, evaluate, run, workdir, "draft", max_minutes)

@@ -1,0 +1,105 @@
+"""A small, resumable training loop shared by every zoo stage (target, draft, heads).
+
+It owns what every stage needs and nothing else: the learning-rate schedule, AdamW, gradient clipping,
+checkpoints that resume exactly, a tqdm bar, and a JSON-lines log of the loss curves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specdec_lab.train.recipe import RunConfig
+
+
+def lr_at(step: int, run: RunConfig) -> float:
+    """Linear warm-up, then cosine decay to `min_lr_ratio * lr` at the last step."""
+    if step < run.warmup_steps:
+        return run.lr * (step + 1) / run.warmup_steps
+    progress = (step - run.warmup_steps) / max(1, run.steps - run.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return run.lr * (run.min_lr_ratio + (1 - run.min_lr_ratio) * cosine)
+
+
+def train(
+    module: torch.nn.Module,
+    loss_on_batch: Callable[[int], torch.Tensor],
+    evaluate: Callable[[], dict],
+    run: RunConfig,
+    workdir: str | Path,
+    desc: str,
+    max_minutes: float | None = None,
+) -> dict:
+    """Optimise the trainable parameters of `module` for `run.steps` steps, resuming from `workdir`.
+
+    loss_on_batch: computes the loss of training step `step` (it draws its own batch from the step number,
+    so a resumed run sees the same data); evaluate: returns validation figures (a dict, logged);
+    workdir: where `checkpoint.pt` and `log.jsonl` live; max_minutes: stop early (checkpointed) after this
+    much wall time, to be resumed by the same call. Returns the last evaluation plus timing.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    params = [p for p in module.parameters() if p.requires_grad]
+    # No weight decay on norms and biases (1-D tensors), as usual for transformers.
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": run.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=run.lr, betas=(0.9, 0.95))
+    state = {"step": 0, "seconds": 0.0, "last_eval": {}}
+    ckpt_path = workdir / "checkpoint.pt"
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        module.load_state_dict(ckpt["module"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+
+    def save_checkpoint() -> None:
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, tmp)
+        tmp.replace(ckpt_path)  # atomic: a stop mid-write never corrupts the checkpoint
+
+    started = time.perf_counter()
+    seconds_before = state["seconds"]
+    log = (workdir / "log.jsonl").open("a")
+    bar = tqdm(total=run.steps, initial=state["step"], desc=desc, dynamic_ncols=True)
+    module.train()
+    while state["step"] < run.steps:
+        step = state["step"]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, run)
+        loss = loss_on_batch(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, run.grad_clip)
+        optimizer.step()
+        state["step"] = step + 1
+        state["seconds"] = seconds_before + time.perf_counter() - started
+        record = {"step": step + 1, "loss": round(loss.item(), 4), "lr": optimizer.param_groups[0]["lr"],
+                  "seconds": round(state["seconds"], 1)}
+        if state["step"] % run.eval_every == 0 or state["step"] == run.steps:
+            module.eval()
+            with torch.no_grad():
+                state["last_eval"] = evaluate()
+            module.train()
+            record.update(state["last_eval"])
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", **{k: f"{v:.3f}" for k, v in state["last_eval"].items()})
+        out_of_time = max_minutes is not None and time.perf_counter() - started > 60 * max_minutes
+        if state["step"] % run.checkpoint_every == 0 or state["step"] == run.steps or out_of_time:
+            save_checkpoint()
+        if out_of_time:
+            break
+    bar.close()
+    log.close()
+    module.eval()
+    return {**state["last_eval"], "steps": state["step"], "train_seconds": round(state["seconds"], 1),
+            "finished": state["step"] >= run.steps}

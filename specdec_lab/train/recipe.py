@@ -1,0 +1,76 @@
+"""The zoo recipe: every hyper-parameter of every shipped model, stored as JSON next to the weights.
+
+One file reproduces the whole zoo (`specdec train all --recipe <file>`). Stages that later code adds (Medusa,
+EAGLE heads) keep their own section in the same file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class ModelShape:
+    """Size of one Llama model."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 1024
+
+
+@dataclass
+class RunConfig:
+    """Optimisation settings of one training stage."""
+
+    steps: int
+    batch_size: int = 8
+    seq_len: int = 512
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 100
+    eval_batches: int = 8
+    checkpoint_every: int = 50
+
+
+@dataclass
+class ZooRecipe:
+    """Everything needed to rebuild a zoo folder from scratch."""
+
+    name: str
+    vocab_size: int = 4096
+    val_percent: int = 5
+    target: ModelShape = field(default_factory=lambda: ModelShape(384, 6, 6, 1024))
+    draft: ModelShape = field(default_factory=lambda: ModelShape(128, 2, 2, 384))
+    target_run: RunConfig = field(default_factory=lambda: RunConfig(steps=1400))
+    draft_run: RunConfig = field(default_factory=lambda: RunConfig(steps=600, lr=3e-3))
+    # Sections owned by other stages (e.g. "medusa", "eagle"): kept verbatim, read by their own code.
+    extra: dict = field(default_factory=dict)
+
+    def save(self, path: str | Path) -> None:
+        """Write the recipe as indented JSON."""
+        data = asdict(self)
+        data.update(data.pop("extra"))
+        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ZooRecipe:
+        """Read a recipe written by `save` (unknown sections land in `extra`)."""
+        data = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)} - {"extra"}
+        extra = {k: v for k, v in data.items() if k not in known}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        for key, typ in (("target", ModelShape), ("draft", ModelShape)):
+            if key in kwargs:
+                kwargs[key] = typ(**kwargs[key])
+        for key in ("target_run", "draft_run"):
+            if key in kwargs:
+                kwargs[key] = RunConfig(**kwargs[key])
+        return cls(**kwargs, extra=extra)

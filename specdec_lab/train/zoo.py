@@ -1,0 +1,100 @@
+"""Build the shipped zoo from its recipe: tokenizer, target, draft (heads are added by their own stages).
+
+`specdec train <stage> --recipe specdec_lab/zoo/<name>/recipe.json` runs one stage; each stage resumes from
+its checkpoint in the work folder and finally writes a fp16 Hugging Face folder into the zoo.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from specdec_lab.train.corpus import load_corpus
+from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
+from specdec_lab.train.recipe import ZooRecipe
+from specdec_lab.train.tokenizer import train_tokenizer
+
+STAGES = ("tokenizer", "target", "draft")
+
+
+def hardware() -> str:
+    """A one-line description of what trained a model (recorded in the model card)."""
+    if torch.cuda.is_available():
+        return f"CUDA: {torch.cuda.get_device_name(0)}"
+    return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def record_result(zoo_dir: Path, stage: str, result: dict) -> None:
+    """Merge one stage's figures into `training.json`, which the model card is written from."""
+    path = zoo_dir / "training.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[stage] = result
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def export_fp16(model: torch.nn.Module, folder: Path) -> None:
+    """Save a fp16 copy of `model` as a Hugging Face folder (the loaders upcast to fp32 on CPU)."""
+    half = copy.deepcopy(model).to(torch.float16)
+    half.save_pretrained(str(folder))
+
+
+def token_streams(recipe: ZooRecipe, zoo_dir: Path, workdir: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train and validation token streams, cached in the work folder (tokenising takes a while)."""
+    cache = workdir / "streams.pt"
+    if cache.exists():
+        data = torch.load(cache)
+        return data["train"], data["val"]
+    corpus = load_corpus(val_percent=recipe.val_percent)
+    tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
+    train_stream = tokenize_stream(corpus.texts("train"), tokenizer)
+    val_stream = tokenize_stream(corpus.texts("val"), tokenizer)
+    workdir.mkdir(parents=True, exist_ok=True)
+    torch.save({"train": train_stream, "val": val_stream}, cache)
+    return train_stream, val_stream
+
+
+def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minutes: float | None = None) -> dict:
+    """Run one zoo stage ("tokenizer", "target" or "draft") and write its output into the zoo folder.
+
+    recipe_path: the recipe JSON (its folder is the zoo folder); workdir: scratch space for checkpoints,
+    logs and token caches; max_minutes: pause (checkpointed) after this long, to resume with the same call.
+    """
+    recipe_path = Path(recipe_path)
+    recipe = ZooRecipe.load(recipe_path)
+    zoo_dir = recipe_path.parent
+    workdir = Path(workdir) / recipe.name
+    started = time.time()
+    if stage == "tokenizer":
+        corpus = load_corpus(val_percent=recipe.val_percent)
+        train_tokenizer(corpus.texts("train"), recipe.vocab_size, zoo_dir / "tokenizer")
+        result = {"vocab_size": recipe.vocab_size, "corpus": corpus.describe()}
+    elif stage in ("target", "draft"):
+        tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
+        train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
+        shape = recipe.target if stage == "target" else recipe.draft
+        run = recipe.target_run if stage == "target" else recipe.draft_run
+        model = build_llama(shape, len(tokenizer), tokenizer.eos_token_id, run.seed)
+        if stage == "target":
+            result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes)
+        else:
+            target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
+            result = distill_draft(model, target, train_stream, val_stream, run, workdir / "draft", max_minutes)
+        if not result["finished"]:
+            print(f"{stage}: paused at step {result['steps']}; run the same command again to resume")
+            return result
+        export_fp16(model, zoo_dir / stage)
+        result.update(parameters=sum(p.numel() for p in model.parameters()),
+                      tokens_seen=run.steps * run.batch_size * run.seq_len)
+    else:
+        raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
+    result.update(hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1))
+    record_result(zoo_dir, stage, result)
+    return result
