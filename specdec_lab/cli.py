@@ -99,6 +99,11 @@ def cmd_train(args) -> None:
     from specdec_lab.train.zoo import STAGES, run_stage
 
     recipe = args.recipe or str(zoo_path() / "recipe.json")
+    if args.stage == "card":
+        from specdec_lab.train.card import build_card
+
+        print(build_card(zoo_path()))
+        return
     stages = STAGES if args.stage == "all" else (args.stage,)
     for stage in stages:
         result = run_stage(stage, recipe, args.workdir, args.max_minutes)
@@ -139,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     train = sub.add_parser("train", help="rebuild the shipped zoo from its recipe (resumes where it stopped)")
-    train.add_argument("stage", choices=["all", "tokenizer", "target", "draft"], help="what to train")
+    train.add_argument("stage", choices=["all", "tokenizer", "target", "draft", "card"],
+                       help="what to train (card: re-measure the zoo and rewrite its model card)")
     train.add_argument("--recipe", help="recipe JSON (default: the shipped zoo's recipe.json)")
     train.add_argument("--workdir", default="runs", help="checkpoints and logs (default: ./runs)")
     train.add_argument("--max-minutes", type=float, default=None,

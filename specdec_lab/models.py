@@ -12,6 +12,10 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+# The zoo loads in milliseconds; per-shard progress bars would only clutter notebooks and the CLI.
+hf_logging.disable_progress_bar()
 
 ZOO_ROOT = Path(__file__).parent / "zoo"
 DEFAULT_ZOO = "stdlib-12m"

@@ -6,10 +6,12 @@ split into train/validation by a hash of their path, so the split never depends 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import platform
 import sysconfig
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,3 +86,35 @@ def load_corpus(root: Path | None = None, val_percent: int = 5) -> Corpus:
     corpus.train_files.sort()
     corpus.val_files.sort()
     return corpus
+
+
+def heldout_prompts(count: int = 100, corpus: Corpus | None = None) -> list[str]:
+    """Prompts from the validation files: a function's signature and docstring, ready to be completed.
+
+    count: how many (in corpus order, at most one per function); corpus: where to read (default: stdlib).
+    Models never saw these files in training, so completions measure generalisation, not recall.
+    """
+    corpus = corpus or load_corpus()
+    prompts: list[str] = []
+    for rel in corpus.val_files:
+        source = corpus.read(rel)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        lines = source.splitlines(keepends=True)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+                continue
+            first = node.body[0]
+            has_docstring = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                and isinstance(first.value.value, str)
+            if not has_docstring or len(node.body) < 2:
+                continue
+            start = node.lineno - 1 - len(node.decorator_list)
+            text = "".join(lines[start : first.end_lineno])
+            indent = len(text) - len(text.lstrip())
+            prompts.append(textwrap.dedent(text) if indent else text)
+            if len(prompts) == count:
+                return prompts
+    return prompts

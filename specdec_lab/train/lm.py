@@ -41,7 +41,7 @@ def tokenize_stream(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> tor
     """All documents as one token stream, each followed by end-of-text (int32 to keep it small)."""
     ids: list[int] = []
     for text in texts:
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.extend(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
         ids.append(tokenizer.eos_token_id)
     return torch.tensor(ids, dtype=torch.int32)
 

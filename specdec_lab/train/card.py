@@ -1,0 +1,192 @@
+"""Measure the shipped zoo and write its model card from the measurements.
+
+Every figure in `MODEL_CARD.md` comes from `evaluate_zoo` (stored in `training.json` under "evaluation"),
+so the card can be regenerated at any time: `specdec train card`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_lab.train.corpus import heldout_prompts, load_corpus
+from specdec_lab.train.lm import tokenize_stream
+from specdec_lab.train.zoo import record_result
+
+# The fixed validation windows on which the card's loss is measured (and a test re-measures it).
+CHECK_WINDOWS = 8
+CHECK_LENGTH = 512
+
+
+def validation_windows(tokenizer, count: int = CHECK_WINDOWS, length: int = CHECK_LENGTH) -> torch.Tensor:
+    """`count` evenly spaced windows of `length + 1` tokens from the validation files (deterministic)."""
+    corpus = load_corpus()
+    stream = tokenize_stream(corpus.texts("val"), tokenizer).long()
+    step = (len(stream) - length - 1) // count
+    return torch.stack([stream[i * step : i * step + length + 1] for i in range(count)])
+
+
+@torch.no_grad()
+def validation_loss(model, windows: torch.Tensor) -> float:
+    """Mean next-token cross-entropy (nats/token) of `model` on `windows`."""
+    logits = model(windows[:, :-1]).logits.float()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
+
+
+def first_statement_parses(prompt: str, completion: str) -> bool:
+    """Whether the completion's first complete statement or block, appended to the prompt, parses.
+
+    The prompt (a signature and docstring) parses on its own; we add the completion one whole line at a
+    time and accept as soon as prompt + lines parses with at least one non-blank line added.
+    """
+    lines = completion.split("\n")[:-1]  # the last piece may be a cut-off line
+    added = []
+    for line in lines:
+        added.append(line)
+        if not any(part.strip() for part in added):
+            continue
+        try:
+            ast.parse(prompt + "\n".join(added) + "\n")
+            return True
+        except SyntaxError:
+            continue
+    return False
+
+
+def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 64, k: int = 4) -> dict:
+    """Measure the zoo pair: validation loss/perplexity, parse rate, greedy acceptance at `k`, samples.
+
+    zoo_dir: the zoo folder; prompts: how many held-out prompts; max_new_tokens: completion length.
+    """
+    import specdec_lab as sd
+
+    zoo_dir = Path(zoo_dir)
+    pair = sd.load_pair(zoo_dir / "target", zoo_dir / "draft", device="cpu")
+    windows = validation_windows(pair.tokenizer)
+    target_loss = validation_loss(pair.target, windows)
+    draft_loss = validation_loss(pair.draft, windows)
+    texts = heldout_prompts(prompts)
+    parsed, drafted, accepted, new_tokens, forwards, same = 0, 0, 0, 0, 0, 0
+    samples = []
+    started = time.time()
+    for i, text in enumerate(texts):
+        ids = pair.tokenizer(text, add_special_tokens=False)["input_ids"]
+        plain = sd.generate(pair.target, ids, max_new_tokens=max_new_tokens)
+        spec = sd.generate(pair.target, ids, drafter=sd.DraftModelDrafter(pair.draft, k=k),
+                           max_new_tokens=max_new_tokens)
+        completion = pair.tokenizer.decode(plain.tokens)
+        parsed += first_statement_parses(text, completion)
+        same += spec.tokens == plain.tokens
+        drafted += spec.stats.drafted
+        accepted += spec.stats.accepted
+        new_tokens += spec.stats.new_tokens
+        forwards += spec.stats.target_forwards
+        if i < 3:
+            samples.append({"prompt": text, "completion": completion})
+    return {
+        "check_windows": f"{CHECK_WINDOWS} x {CHECK_LENGTH} tokens, evenly spaced in the validation stream",
+        "target_val_loss": round(target_loss, 4),
+        "target_val_ppl": round(float(torch.tensor(target_loss).exp()), 2),
+        "draft_val_loss": round(draft_loss, 4),
+        "draft_val_ppl": round(float(torch.tensor(draft_loss).exp()), 2),
+        "heldout_prompts": len(texts),
+        "max_new_tokens": max_new_tokens,
+        "first_statement_parses": round(parsed / len(texts), 3),
+        "k": k,
+        "greedy_acceptance_rate": round(accepted / drafted, 3),
+        "greedy_tau": round(new_tokens / forwards, 3),
+        "speculative_equals_plain": f"{same}/{len(texts)}",
+        "samples": samples,
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+def write_model_card(zoo_dir: str | Path) -> Path:
+    """Render `MODEL_CARD.md` from `recipe.json` and `training.json` (which must hold an evaluation)."""
+    zoo_dir = Path(zoo_dir)
+    recipe = json.loads((zoo_dir / "recipe.json").read_text())
+    results = json.loads((zoo_dir / "training.json").read_text())
+    ev = results["evaluation"]
+    tgt, dft = results["target"], results["draft"]
+    corpus = results["tokenizer"]["corpus"]
+
+    def shape(s: dict) -> str:
+        return (f"Llama, hidden {s['hidden_size']}, {s['num_layers']} layers, {s['num_heads']} heads, "
+                f"MLP {s['intermediate_size']}, context {s['max_position_embeddings']}")
+
+    lines = [
+        f"# Model card: {recipe['name']}",
+        "",
+        "A target and a draft model for teaching speculative decoding, trained from scratch by "
+        "`specdec_lab/train/` on the Python standard library's source code. Code is repetitive and "
+        "predictable, which is where speculative decoding shines. Small on purpose: everything runs on a "
+        "laptop CPU in seconds. The completions look like Python but these are 12M-parameter models: "
+        "expect plausible code, not correct programs.",
+        "",
+        "## Data",
+        "",
+        f"- {corpus['source']}, Python {corpus['python_version']}: {corpus['train_files']} training files, "
+        f"{corpus['val_files']} validation files (split by a hash of the path), fingerprint "
+        f"`{corpus['fingerprint']}`. Another Python version has a different standard library and fingerprint.",
+        f"- Tokenizer: byte-level BPE, {recipe['vocab_size']} tokens (`tokenizer/`), `<|endoftext|>` = id 0; "
+        "encode/decode round-trips any source exactly.",
+        "",
+        "## Models",
+        "",
+        "| | target | draft |",
+        "|---|---|---|",
+        f"| architecture | {shape(recipe['target'])} | {shape(recipe['draft'])} |",
+        f"| parameters | {tgt['parameters'] / 1e6:.2f}M | {dft['parameters'] / 1e6:.2f}M |",
+        "| objective | next-token cross-entropy | KL to the target's distribution (distillation) |",
+        f"| steps x batch x length | {tgt['steps']} x {recipe['target_run']['batch_size']} x "
+        f"{recipe['target_run']['seq_len']} | {dft['steps']} x {recipe['draft_run']['batch_size']} x "
+        f"{recipe['draft_run']['seq_len']} |",
+        f"| tokens seen | {tgt['tokens_seen'] / 1e6:.1f}M | {dft['tokens_seen'] / 1e6:.1f}M |",
+        f"| training time | {tgt['train_seconds'] / 60:.0f} min | {dft['train_seconds'] / 60:.0f} min |",
+        f"| hardware | {tgt['hardware']} | {dft['hardware']} |",
+        f"| validation loss (nats/token) | {ev['target_val_loss']:.3f} | {ev['draft_val_loss']:.3f} |",
+        f"| validation perplexity | {ev['target_val_ppl']:.1f} | {ev['draft_val_ppl']:.1f} |",
+        "",
+        f"Validation loss is measured on {ev['check_windows']} (fp16 weights upcast to fp32); the test suite "
+        "re-measures it, so a corrupted or swapped checkpoint fails.",
+        "",
+        "## Speculative decoding figures",
+        "",
+        f"On {ev['heldout_prompts']} held-out prompts (a function's signature and docstring from the validation "
+        f"files), greedy, {ev['max_new_tokens']} new tokens:",
+        "",
+        f"- the target's first complete statement or block parses with `ast`: {ev['first_statement_parses']:.0%}",
+        f"- draft greedy acceptance rate at k = {ev['k']}: {ev['greedy_acceptance_rate']:.3f}; "
+        f"tau (tokens per target forward, bonus included): {ev['greedy_tau']:.2f}",
+        f"- speculative output identical to plain greedy decoding: {ev['speculative_equals_plain']} prompts",
+    ]
+    for section in ("medusa", "eagle", "eagle3"):
+        if section in results and "card" in results[section]:
+            lines += ["", results[section]["card"]]
+    lines += ["", "## Sample completions (target, greedy)", ""]
+    for sample in ev["samples"]:
+        lines += ["```python", sample["prompt"] + sample["completion"], "```", ""]
+    lines += [
+        "## Reproduce",
+        "",
+        "```bash",
+        "specdec train all     # tokenizer, target, draft (resumable; see recipe.json)",
+        "specdec train card    # re-measure and rewrite this card",
+        "```",
+        "",
+    ]
+    path = zoo_dir / "MODEL_CARD.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def build_card(zoo_dir: str | Path) -> dict:
+    """Evaluate the zoo, store the figures in `training.json` and rewrite the model card."""
+    evaluation = evaluate_zoo(zoo_dir)
+    record_result(Path(zoo_dir), "evaluation", evaluation)
+    write_model_card(zoo_dir)
+    return evaluation
