@@ -104,12 +104,54 @@ def cmd_train(args) -> None:
 
         print(build_card(zoo_path()))
         return
+    if args.stage == "medusa":
+        from specdec_lab.train.medusa import run_medusa_stage
+
+        result = run_medusa_stage(recipe, args.workdir, args.max_minutes)
+        print(result.get("card", f"medusa: {result}"))
+        return
+    if args.stage in ("eagle", "eagle3"):
+        from specdec_lab.train.eagle import run_eagle_stage
+
+        variant = "eagle1" if args.stage == "eagle" else "eagle3"
+        print(f"{args.stage}: {run_eagle_stage(variant, recipe, args.workdir, args.max_minutes)}")
+        return
     stages = STAGES if args.stage == "all" else (args.stage,)
     for stage in stages:
         result = run_stage(stage, recipe, args.workdir, args.max_minutes)
         print(f"{stage}: {result}")
         if not result.get("finished", True):
             break
+
+
+def cmd_bench(args) -> None:
+    from specdec_lab import report
+    from specdec_lab.bench import BenchConfig, run_benchmark
+
+    config = BenchConfig(methods=args.methods.split(",") if args.methods else None, k=args.k,
+                         lookup_k=args.lookup_k, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                         warmup=args.warmup, threads=args.threads, seed=args.seed,
+                         prompt_sets=tuple(args.sets.split(",")), target=args.target, draft=args.draft)
+    try:
+        result = run_benchmark(config)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+    print(report.text_table(result))
+    if args.json:
+        print(f"wrote {report.write_json(result, args.json)}")
+    if args.html:
+        print(f"wrote {report.write_html(result, args.html)}")
+
+
+def cmd_export(args) -> None:
+    from specdec_lab.export import ExportError, export
+
+    try:
+        export(args.notebook, args.out, target=args.target, draft=args.draft, prompts=args.prompts,
+               max_new_tokens=args.max_new_tokens, repeats=args.repeats, threads=args.threads, force=args.force)
+    except (ExportError, FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -144,13 +186,49 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     train = sub.add_parser("train", help="rebuild the shipped zoo from its recipe (resumes where it stopped)")
-    train.add_argument("stage", choices=["all", "tokenizer", "target", "draft", "card"],
-                       help="what to train (card: re-measure the zoo and rewrite its model card)")
+    train.add_argument("stage", choices=["all", "tokenizer", "target", "draft", "card", "medusa", "eagle", "eagle3"],
+                       help="what to train (card: re-measure the zoo and rewrite its model card; "
+                            "medusa: the Medusa heads on the zoo target, with their tree and figures; "
+                            "eagle / eagle3: the EAGLE-1 head / its EAGLE-3-style variant on the zoo target)")
     train.add_argument("--recipe", help="recipe JSON (default: the shipped zoo's recipe.json)")
     train.add_argument("--workdir", default="runs", help="checkpoints and logs (default: ./runs)")
     train.add_argument("--max-minutes", type=float, default=None,
                        help="pause (checkpointed) after this many minutes; run again to resume")
     train.set_defaults(func=cmd_train)
+
+    bench = sub.add_parser("bench", help="Hugging Face generate vs every method, side by side, on held-out prompts")
+    bench.add_argument("--methods", help="comma-separated subset, e.g. plain,draft,hf-assisted (default: all that "
+                       "exist: hf-generate plain hf-assisted draft hf-lookup lookup medusa medusa-typical eagle "
+                       "eagle-tree eagle3-tree lookahead; the hf-generate baseline always runs)")
+    bench.add_argument("--k", type=int, default=4, help="tokens drafted per step by draft models (default: 4)")
+    bench.add_argument("--lookup-k", type=int, default=10, help="most tokens drafted by prompt lookup (default: 10)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    bench.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    bench.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    bench.add_argument("--prompts", type=int, default=10, help="prompts per prompt set (default: 10)")
+    bench.add_argument("--sets", default="heldout,grounded",
+                       help="prompt sets: heldout (signature + docstring), grounded (output repeats the prompt)")
+    bench.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: 64)")
+    bench.add_argument("--repeats", type=int, default=3, help="timed repeats; medians are reported (default: 3)")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed warm-up passes (default: 1)")
+    bench.add_argument("--threads", type=int, default=2, help="torch CPU threads, pinned (default: 2)")
+    bench.add_argument("--seed", type=int, default=0, help="base sampling seed; prompt i uses seed + i")
+    bench.add_argument("--json", metavar="PATH", help="write the raw figures as JSON")
+    bench.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with charts")
+    add_model_options(bench)
+    bench.set_defaults(func=cmd_bench)
+
+    export = sub.add_parser("export", help="turn a completed lab notebook into a project folder: module, "
+                            "benchmark against the reference, HTML report, README")
+    export.add_argument("notebook", help="the completed lab notebook (.ipynb)")
+    export.add_argument("--out", required=True, help="folder to create (refused if it exists, unless --force)")
+    export.add_argument("--force", action="store_true", help="replace --out if it already exists")
+    export.add_argument("--prompts", type=int, default=5, help="held-out prompts in the benchmark (default: 5)")
+    export.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt (default: 32)")
+    export.add_argument("--repeats", type=int, default=2, help="timed repeats, medians reported (default: 2)")
+    export.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    add_model_options(export)
+    export.set_defaults(func=cmd_export)
     return parser
 
 

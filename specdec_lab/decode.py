@@ -10,6 +10,10 @@
 
 With `drafter=None` (or an empty draft) a step is plain autoregressive decoding with the KV cache.
 Invariant: the target cache holds `state.tokens[:-1]`; the last emitted token is fed at the next step.
+
+A drafter may return a tree instead of a chain (`Draft.parents`, see `specdec_lab.tree`): the forward then
+runs over [last token] + every node with the tree attention mask and position ids, verification walks the
+tree, and the cache keeps only the accepted path's entries, in order (`tree_step`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,20 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_lab.cache import new_cache, truncate
+from specdec_lab.cache import cache_length, keep_positions, new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
 from specdec_lab.sampling import SamplingConfig, make_generator, process_logits, sample
 from specdec_lab.stats import DecodeStats
-from specdec_lab.verify import Verdict, verify_greedy, verify_rejection
+from specdec_lab.tree import DraftTree, additive_mask
+from specdec_lab.verify import (
+    TreeVerdict,
+    Verdict,
+    verify_greedy,
+    verify_rejection,
+    verify_tree_greedy,
+    verify_tree_rejection,
+    verify_typical_lossy,
+)
 
 
 @dataclass
@@ -131,6 +144,69 @@ def verify_chain(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
     return verify_rejection(draft.tokens, process_logits(logits, sampling), draft.probs, generator)
 
 
+def verify_tree(tree: DraftTree, draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
+                generator: torch.Generator) -> TreeVerdict:
+    """Apply the tree rule that fits: greedy, lossless multi-candidate rejection, or (only when the draft
+    asks for it) Medusa's LOSSY typical acceptance."""
+    if sampling.greedy:
+        return verify_tree_greedy(tree, logits)
+    probs = process_logits(logits, sampling)
+    if draft.lossy_typical is not None:
+        epsilon, delta = draft.lossy_typical
+        return verify_typical_lossy(tree, probs, generator, epsilon, delta)
+    return verify_tree_rejection(tree, probs, draft.probs, generator)
+
+
+def tree_inputs(tree: DraftTree, draft: Draft, root: int, past: int) -> tuple[torch.Tensor, ...]:
+    """Token ids, position ids (1, q) and bool visibility (q, q) of [root] + tree nodes + the draft's extra rows."""
+    feed = torch.cat([tree.tokens.new_tensor([root]), tree.tokens])
+    positions = tree.position_ids(past)
+    visible = tree.visibility()
+    if draft.extra_tokens is None:
+        return feed, positions, visible
+    slots, extra = len(feed), len(draft.extra_tokens)
+    if draft.extra_mask is None or draft.extra_positions is None \
+            or tuple(draft.extra_mask.shape) != (extra, slots + extra):
+        raise ValueError(f"a draft with {extra} extra tokens needs extra_positions and an extra_mask of shape "
+                         f"({extra}, {slots + extra}) over [root, {slots - 1} nodes, extras]")
+    full = visible.new_zeros(slots + extra, slots + extra)
+    full[:slots, :slots] = visible
+    full[slots:] = draft.extra_mask.to(full.device)
+    feed = torch.cat([feed, draft.extra_tokens.to(feed.device)])
+    positions = torch.cat([positions, past + draft.extra_positions.to(positions.device)[None]], dim=1)
+    return feed, positions, full
+
+
+def tree_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool, max_depth: int):
+    """Score a tree draft in ONE target forward, verify it, and keep only the accepted path in the cache.
+
+    max_depth: the most draft tokens this step may emit (the drafter's `max_tokens`). Returns (slot logits
+    (n + 1, V), verdict, emitted tokens, per-layer hidden rows of [root] + accepted path or None, tree depth).
+    Sets `state.extra_logits` (logits of the draft's extra rows, or None) and `state.accepted_path`.
+    """
+    tree = DraftTree.from_parents(draft.tokens, draft.parents)
+    if tree.max_depth > max_depth:
+        raise ValueError(f"the drafter proposed a tree of depth {tree.max_depth} but at most {max_depth} "
+                         "tokens were allowed (propose's max_tokens bounds the depth)")
+    past = cache_length(cache)  # == len(state.tokens) - 1
+    feed, positions, visible = tree_inputs(tree, draft, state.tokens[-1], past)
+    out = target(input_ids=feed[None], cache=cache, attention_mask=additive_mask(visible, past, target.dtype),
+                 position_ids=positions, use_cache=True, output_hidden_states=want_hidden)
+    slots = len(tree) + 1
+    logits = out.logits[0, :slots].float()
+    state.extra_logits = out.logits[0, slots:].float() if draft.extra_tokens is not None else None
+    verdict = verify_tree(tree, draft, logits, state.sampling, state.generator)
+    kept = [0] + [node + 1 for node in verdict.path]
+    if kept[-1] == len(kept) - 1:  # the accepted slots are already contiguous: a plain crop suffices
+        truncate(cache, past + len(kept))
+    else:
+        keep_positions(cache, past, torch.tensor(kept, device=feed.device))
+    emitted = tree.tokens[verdict.path].tolist() + [verdict.next_token]
+    state.accepted_path = verdict.path
+    hidden = tuple(h[0, kept] for h in out.hidden_states) if want_hidden else None
+    return logits, verdict, emitted, hidden, tree.max_depth
+
+
 @torch.inference_mode()
 def generate(
     target: torch.nn.Module,
@@ -194,20 +270,27 @@ def generate(
             draft = Draft(torch.empty(0, dtype=torch.long, device=device))
         tick = clock.add("draft_seconds", tick)
 
-        context_length = len(state.tokens)  # the target cache holds context_length - 1 of them
-        feed = torch.cat([torch.tensor(state.tokens[-1:], device=device), draft.tokens])
-        logits, hidden = target_forward(target, feed, cache, want_hidden)
+        if draft.parents is None:
+            context_length = len(state.tokens)  # the target cache holds context_length - 1 of them
+            feed = torch.cat([torch.tensor(state.tokens[-1:], device=device), draft.tokens])
+            logits, hidden = target_forward(target, feed, cache, want_hidden)
+            verdict = verify_chain(draft, logits, sampling, state.generator)
+            emitted = draft.tokens[: verdict.accepted].tolist() + [verdict.next_token]
+            truncate(cache, context_length + verdict.accepted)
+            stats.record_step(len(draft), verdict.accepted)
+            if want_hidden:
+                hidden = tuple(h[: verdict.accepted + 1] for h in hidden)
+        else:
+            logits, verdict, emitted, hidden, depth = tree_step(target, draft, state, cache, want_hidden,
+                                                                remaining - 1)
+            stats.record_step(depth, verdict.accepted)
         stats.target_forwards += 1
-        verdict = verify_chain(draft, logits, sampling, state.generator)
-        emitted = draft.tokens[: verdict.accepted].tolist() + [verdict.next_token]
-        truncate(cache, context_length + verdict.accepted)
-        stats.record_step(len(draft), verdict.accepted)
         if eos in emitted:
             emitted = emitted[: emitted.index(eos) + 1]
             stopped = "eos"
         state.tokens.extend(emitted)
         if want_hidden:
-            state.hidden_states = tuple(h[: verdict.accepted + 1] for h in hidden)
+            state.hidden_states = hidden
         tick = clock.add("verify_seconds", tick)
         if on_step is not None:
             on_step(StepRecord(draft, logits, process_logits(logits, sampling), verdict, emitted))

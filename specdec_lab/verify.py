@@ -8,7 +8,20 @@ Chain rules (one candidate per position):
   norm(max(0, p_i - q_i)); if every token is accepted, emit a bonus token sampled from p_k.
   A deterministic draft (n-gram lookup) is the special case q_i = one-hot(x_i).
 
-Every rule returns a `Verdict`: how many draft tokens survived and the one extra token the target adds.
+Tree rules (a `DraftTree` of candidates below the root; the target scored every slot in one forward):
+
+- `verify_tree_greedy`: follow, from the root, the child that equals the target's argmax; stop where none
+  does. This is the longest root-to-leaf path that matches greedy decoding.
+- `verify_tree_rejection`: lossless multi-candidate rejection (SpecInfer-style). At a node, try its
+  children in order; child x drawn from q is accepted with probability min(1, p(x) / q(x)), where p is the
+  target's distribution with the mass of the rejected siblings removed (after each rejection
+  p <- norm(max(0, p - q))). An accepted child becomes the new node; if every child is rejected, emit a
+  sample from what is left of p; at a leaf, emit a bonus token from the target's p there.
+- `verify_typical_lossy`: Medusa's typical acceptance. LOSSY: accepts any child the target finds
+  plausible enough, so the output is NOT distributed as the target's. Used only when asked for by name.
+
+Every rule returns a `Verdict`: how many draft tokens survived and the one extra token the target adds;
+tree rules return a `TreeVerdict`, which also names the accepted nodes.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_lab.sampling import sample
+from specdec_lab.tree import DraftTree
 
 
 @dataclass
@@ -83,3 +97,118 @@ def verify_rejection(
     n = int(rejected[0])
     residual = residual_distribution(target_probs[n], draft_probs[n])
     return Verdict(n, int(sample(residual, generator)), resampled=True)
+
+
+# --- Trees ----------------------------------------------------------------------------------------------------
+# Slot convention (as in tree.py): row 0 of the target's outputs belongs to the root, row i + 1 to node i.
+
+
+@dataclass
+class TreeVerdict(Verdict):
+    """The outcome of verifying a draft tree: a `Verdict` plus the accepted root-to-node path.
+
+    path: the accepted node indices, root's child first (`accepted == len(path)`); next_token follows the
+    last of them (or the root when the path is empty).
+    """
+
+    path: list[int]
+
+
+def verify_tree_greedy(tree: DraftTree, target_logits: torch.Tensor) -> TreeVerdict:
+    """Greedy tree verification: the longest root-to-leaf path whose tokens are the target's argmax.
+
+    tree: the candidates; target_logits: (n + 1, V) the target's logits at the slots (root first).
+    """
+    best = target_logits.argmax(-1).tolist()
+    tokens = tree.tokens.tolist()
+    kids = tree.children()
+    path: list[int] = []
+    node = -1
+    while True:
+        want = best[node + 1]
+        match = next((child for child in kids[node + 1] if tokens[child] == want), None)
+        if match is None:
+            return TreeVerdict(len(path), want, bool(kids[node + 1]), path)
+        path.append(match)
+        node = match
+
+
+def verify_tree_rejection(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> TreeVerdict:
+    """Lossless multi-candidate rejection verification of a draft tree (SpecInfer-style).
+
+    tree: the candidates; target_probs: (n + 1, V) the processed target distributions p at the slots (root
+    first); draft_probs: (n, V) for each node, the distribution q it was drawn from *given its earlier
+    siblings* (for siblings drawn without replacement, q with the earlier siblings' tokens removed and
+    renormalised; for i.i.d. siblings, the same q), or None when every node is deterministic
+    (q = one-hot of its token); generator: source of randomness.
+
+    Why it is lossless: at a node, child j is accepted with probability min(1, p_j(x) / q_j(x)) and
+    otherwise the rule continues with p_{j+1} = norm(max(0, p_j - q_j)), a function of the history only. By
+    induction from the last child (after which a token is drawn from the residual), the emitted token is
+    distributed as p_j given any history; at j = 1 that is the target's p at the node. The same argument
+    then applies one level down, at the accepted child.
+    """
+    tokens = tree.tokens.tolist()
+    kids = tree.children()
+    path: list[int] = []
+    node = -1
+    while True:
+        p = target_probs[node + 1]
+        children = kids[node + 1]
+        if not children:
+            return TreeVerdict(len(path), int(sample(p, generator)), False, path)
+        u = torch.rand(len(children), generator=generator, device=p.device)
+        accepted_child = None
+        for child, u_child in zip(children, u, strict=True):
+            x = tokens[child]
+            q = draft_probs[child] if draft_probs is not None else None
+            q_x = q[x] if q is not None else 1.0
+            if u_child * q_x < p[x]:  # u < p(x) / q(x), without dividing by a possible q(x) = 0
+                accepted_child = child
+                break
+            if q is None:
+                q = torch.nn.functional.one_hot(tree.tokens[child], p.shape[-1]).to(p.dtype)
+            p = residual_distribution(p, q)
+        if accepted_child is None:
+            return TreeVerdict(len(path), int(sample(p, generator)), True, path)
+        path.append(accepted_child)
+        node = accepted_child
+
+
+def verify_typical_lossy(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+    epsilon: float = 0.09,
+    delta: float = 0.3,
+) -> TreeVerdict:
+    """Medusa's typical acceptance. LOSSY: the output is NOT distributed as the target's distribution.
+
+    A node's token x is plausible when p(x) > min(epsilon, delta * exp(-H(p))), p being the target's
+    processed distribution at the node's parent and H its entropy: flat distributions accept more. The
+    longest root-to-leaf prefix of plausible tokens is kept (the first such path on ties), then the next
+    token is sampled from p at its end. At temperature 0 (p one-hot) this is greedy verification.
+
+    tree: the candidates; target_probs: (n + 1, V) processed target distributions at the slots (root first);
+    generator: randomness for the final token; epsilon: hard probability threshold; delta: entropy-scaled
+    threshold factor (the paper's defaults: 0.09 and 0.3).
+    """
+    entropy = -(target_probs * target_probs.clamp_min(1e-30).log()).sum(-1)
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
+    parent_slots = tree.parents + 1
+    plausible = (target_probs[parent_slots, tree.tokens] > threshold[parent_slots]).tolist()
+    best: list[int] = []
+    for path in tree.paths():
+        kept = 0
+        while kept < len(path) and plausible[path[kept]]:
+            kept += 1
+        if kept > len(best):
+            best = path[:kept]
+    end = best[-1] + 1 if best else 0
+    has_children = bool(tree.children()[end])
+    return TreeVerdict(len(best), int(sample(target_probs[end], generator)), has_children, best)

@@ -58,3 +58,60 @@ def prompts():
     gen = torch.Generator().manual_seed(1234)
     return [torch.randint(0, 64, (int(n),), generator=gen).tolist()
             for n in torch.randint(3, 13, (20,), generator=gen)]
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """p-value of Pearson's chi-square goodness-of-fit test: were `counts` drawn from `probs`?
+
+    counts: how often each outcome was observed (any shape); probs: the claimed probability of each outcome
+    (same shape). Outcomes expected fewer than `min_expected` times are pooled into one cell, since the
+    chi-square approximation needs a handful of expected hits per cell. An outcome observed although its
+    probability is 0 gives p = 0: no sampling noise explains it. The p-value is the regularized upper
+    incomplete gamma function Q(dof / 2, statistic / 2), so no scipy is needed.
+    """
+    counts, probs = counts.flatten().double(), probs.flatten().double()
+    if bool(((probs <= 0) & (counts > 0)).any()):
+        return 0.0
+    expected = probs / probs.sum() * counts.sum()
+    small = expected < min_expected
+    observed_cells, expected_cells = counts[~small].tolist(), expected[~small].tolist()
+    pooled_observed, pooled_expected = float(counts[small].sum()), float(expected[small].sum())
+    if pooled_expected >= min_expected or (pooled_expected > 0 and not expected_cells):
+        observed_cells.append(pooled_observed)
+        expected_cells.append(pooled_expected)
+    elif pooled_expected > 0:  # too small to stand alone: merge it into the smallest regular cell
+        smallest = min(range(len(expected_cells)), key=expected_cells.__getitem__)
+        observed_cells[smallest] += pooled_observed
+        expected_cells[smallest] += pooled_expected
+    dof = len(expected_cells) - 1
+    if dof < 1:
+        return 1.0
+    observed_t, expected_t = torch.tensor(observed_cells), torch.tensor(expected_cells, dtype=torch.float64)
+    statistic = ((observed_t - expected_t) ** 2 / expected_t).sum()
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))
+
+
+@pytest.fixture(scope="session")
+def chi_square():
+    """`chi_square_pvalue(counts, probs)`: goodness-of-fit p-value, for statistical (losslessness) tests."""
+    return chi_square_pvalue
+
+
+def make_bigram_llama(transition_logits: torch.Tensor, context_scale: float = 10.0, seed: int = 0,
+                      max_positions: int = 256) -> LlamaForCausalLM:
+    """A real Llama whose next-token logits are (almost) a chosen table: a model with known distributions.
+
+    transition_logits: (V, V), row a = the logits of the token after token a (V even). Each token embeds
+    as a one-hot vector that the final RMSNorm scales by sqrt(V); the LM head maps it back to its row. The
+    attention and MLP outputs are scaled by `context_scale` from their small random initialisation, so the
+    distribution also depends a little on the earlier context (and a broken KV cache would show).
+    """
+    vocab = transition_logits.shape[0]
+    model = make_llama(vocab_size=vocab, hidden_size=vocab, num_layers=1, seed=seed, max_positions=max_positions)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab))
+        model.lm_head.weight.copy_(transition_logits.T / vocab**0.5)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(context_scale)
+            layer.mlp.down_proj.weight.mul_(context_scale)
+    return model

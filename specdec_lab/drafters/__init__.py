@@ -2,6 +2,9 @@
 
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
 from specdec_lab.drafters.draft_model import DraftModelDrafter
+from specdec_lab.drafters.lookahead import LookaheadDrafter
+from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec_lab.drafters.prompt_lookup import PromptLookupDrafter
 
-__all__ = ["DecodeState", "Draft", "Drafter", "DraftModelDrafter", "PromptLookupDrafter"]
+__all__ = ["DecodeState", "Draft", "Drafter", "DraftModelDrafter", "LookaheadDrafter", "MedusaDrafter", "MedusaHeads",
+           "PromptLookupDrafter"]

@@ -10,6 +10,10 @@ in step with what the target accepted. A drafter implements three calls:
 
 Drafters that read the target's features (Medusa, EAGLE) set `needs_hidden_states = True` and find them
 in `state.hidden_states`.
+
+A draft is a chain (`Draft.parents is None`, the common case) or a tree of candidates (`parents` given, see
+`specdec_lab.tree`); a tree draft may also carry extra rows that ride along in the same target forward
+without being candidates (lookahead decoding's Jacobi window): see `Draft`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ class DecodeState:
     prompt_length: how many of `tokens` are the prompt; sampling: the settings applied to p and q alike;
     generator: the run's random source; hidden_states: per target layer (embeddings first, final-norm
     output last), the hidden states of the positions the last target forward accepted (only for drafters
-    with `needs_hidden_states`).
+    with `needs_hidden_states`; for a tree draft, the rows of the root and then of the accepted path);
+    accepted_path: after a tree draft, the accepted node indices (root's child first), else None;
+    extra_logits: after a draft with extra rows, the target's logits at those rows (m, V), else None.
     """
 
     tokens: list[int]
@@ -40,19 +46,41 @@ class DecodeState:
     device: torch.device
     target: torch.nn.Module
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    accepted_path: list[int] | None = None
+    extra_logits: torch.Tensor | None = None
 
 
 @dataclass
 class Draft:
-    """Candidate tokens for one verification step.
+    """Candidate tokens for one verification step: a chain (the default) or a tree.
 
-    tokens: the proposed ids, in order; probs: for each token, the processed draft distribution q it was
-    sampled from (shape (len(tokens), vocab)), or None for a deterministic draft such as an n-gram match.
+    tokens: the proposed ids (for a chain, in order); probs: for each token, the processed draft
+    distribution q it was sampled from (shape (len(tokens), vocab)), or None for a deterministic draft such
+    as an n-gram match. For a tree, probs[i] is the q node i was drawn from given its earlier siblings
+    (see `verify.verify_tree_rejection`).
+
+    parents: None for a chain; for a tree, (n,) each node's parent index (-1 = the root, i.e. the last
+    committed token; parents before children), as in `specdec_lab.tree.DraftTree`. Greedy runs verify the
+    tree with `verify_tree_greedy`, sampling runs with the lossless `verify_tree_rejection`.
+    lossy_typical: None (lossless, the default), or (epsilon, delta) to verify a tree with Medusa's typical
+    acceptance, which is LOSSY (`verify.verify_typical_lossy`); only set when the user asked for it.
+
+    Extra rows (tree drafts only; lookahead decoding's Jacobi window): tokens that the target scores in the
+    same forward but that are not candidates. extra_tokens: (m,) ids; extra_positions: (m,) their position
+    offsets from the root (root = 0, a node at depth d sits at d); extra_mask: (m, n + 1 + m) bool, which
+    of [root, node 0..n-1, extra 0..m-1] each extra row may attend to (the cached prefix is always visible;
+    include the diagonal). Tree rows never see extra rows. The loop hands the target's logits at the extra
+    rows to the drafter as `state.extra_logits` and drops their KV entries from the cache.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     info: dict = field(default_factory=dict)
+    parents: torch.Tensor | None = None
+    lossy_typical: tuple[float, float] | None = None
+    extra_tokens: torch.Tensor | None = None
+    extra_positions: torch.Tensor | None = None
+    extra_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

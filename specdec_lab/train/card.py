@@ -57,6 +57,23 @@ def first_statement_parses(prompt: str, completion: str) -> bool:
     return False
 
 
+@torch.inference_mode()
+def forward_milliseconds(model, context: int = 128, repeats: int = 50) -> float:
+    """Median wall time of one single-token forward after a cached `context`-token prefix (ms)."""
+    from specdec_lab.cache import new_cache, truncate
+
+    cache = new_cache(model)
+    model(input_ids=torch.zeros(1, context, dtype=torch.long), cache=cache, use_cache=True)
+    token = torch.zeros(1, 1, dtype=torch.long)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model(input_ids=token, cache=cache, use_cache=True)
+        times.append(time.perf_counter() - started)
+        truncate(cache, context)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
 def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 64, k: int = 4) -> dict:
     """Measure the zoo pair: validation loss/perplexity, parse rate, greedy acceptance at `k`, samples.
 
@@ -69,6 +86,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
     windows = validation_windows(pair.tokenizer)
     target_loss = validation_loss(pair.target, windows)
     draft_loss = validation_loss(pair.draft, windows)
+    target_ms, draft_ms = forward_milliseconds(pair.target), forward_milliseconds(pair.draft)
     texts = heldout_prompts(prompts)
     parsed, drafted, accepted, new_tokens, forwards, same = 0, 0, 0, 0, 0, 0
     samples = []
@@ -100,6 +118,10 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
         "greedy_acceptance_rate": round(accepted / drafted, 3),
         "greedy_tau": round(new_tokens / forwards, 3),
         "speculative_equals_plain": f"{same}/{len(texts)}",
+        "target_forward_ms": round(target_ms, 3),
+        "draft_forward_ms": round(draft_ms, 3),
+        "forward_cost_ratio": round(target_ms / draft_ms, 1),
+        "threads": torch.get_num_threads(),
         "samples": samples,
         "seconds": round(time.time() - started, 1),
     }
@@ -163,7 +185,13 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"- draft greedy acceptance rate at k = {ev['k']}: {ev['greedy_acceptance_rate']:.3f}; "
         f"tau (tokens per target forward, bonus included): {ev['greedy_tau']:.2f}",
         f"- speculative output identical to plain greedy decoding: {ev['speculative_equals_plain']} prompts",
+        f"- one single-token forward after a 128-token cached prefix ({ev['threads']} CPU threads, median): "
+        f"target {ev['target_forward_ms']:.2f} ms, draft {ev['draft_forward_ms']:.2f} ms, "
+        f"ratio {ev['forward_cost_ratio']:.1f}x",
     ]
+    notes = [note for stage in ("target", "draft") for note in results[stage].get("notes", [])]
+    if notes:
+        lines += ["", "Training notes:", ""] + [f"- {note}" for note in notes]
     for section in ("medusa", "eagle", "eagle3"):
         if section in results and "card" in results[section]:
             lines += ["", results[section]["card"]]

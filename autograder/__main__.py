@@ -1,0 +1,67 @@
+"""Command line of the autograder (run from the repository root).
+
+    python -m autograder grade LAB SUBMISSIONS --out DIR   # folder or LMS zip -> grades.csv, feedback, notebooks
+    python -m autograder release [LAB ...]                 # regenerate labs/ from solutions/ with nbgrader
+    python -m autograder fixtures LAB DEST                 # write the simulated submissions of LAB into DEST
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autograder import pipeline
+
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    grade = sub.add_parser("grade", help="autograde a folder or zip of submissions")
+    grade.add_argument("lab", help="lab id, e.g. lab01_sampling")
+    grade.add_argument("submissions", type=Path, help="folder (one notebook or sub-folder per student) or zip")
+    grade.add_argument("--out", type=Path, required=True, help="folder for grades.csv, feedback/, autograded/")
+    grade.add_argument("--timeout", type=int, default=60, help="seconds a single cell may run (default 60)")
+    grade.add_argument("--memory-gb", type=float, default=6.0, help="address-space limit per notebook (GiB)")
+    grade.add_argument("--force", action="store_true", help="replace --out if it exists")
+    rel = sub.add_parser("release", help="regenerate labs/ from solutions/")
+    rel.add_argument("labs", nargs="*", help="lab ids (default: all)")
+    fix = sub.add_parser("fixtures", help="write the simulated submissions of a lab")
+    fix.add_argument("lab")
+    fix.add_argument("dest", type=Path)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "grade":
+            limits = pipeline.Limits(cell_timeout=args.timeout, memory_bytes=int(args.memory_gb * (1 << 30)))
+            started = time.perf_counter()
+            results = pipeline.grade(args.lab, args.submissions, args.out, limits, force=args.force)
+            seconds = time.perf_counter() - started
+            for r in results:
+                print(f"{r.student:>24}  {r.score:5g} / {r.max_score:g}  {r.status}")
+            print(f"graded {len(results)} submissions in {seconds:.1f} s ({seconds / len(results):.1f} s each); "
+                  f"grades: {args.out / 'grades.csv'}")
+        elif args.command == "release":
+            for lab in args.labs or pipeline.list_labs():
+                print(pipeline.release(lab, pipeline.LABS / lab))
+        else:
+            from autograder import fixtures
+
+            pipeline.check_lab(args.lab)
+            with_release = pipeline.release(args.lab, args.dest / "_release")
+            import nbformat
+
+            fixtures.write(fixtures.fixtures(args.lab, nbformat.read(with_release, as_version=4)), args.dest)
+            with_release.unlink()
+            with_release.parent.rmdir()
+            print(f"wrote the fixtures of {args.lab} into {args.dest}")
+    except pipeline.GradingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Simulated submissions for every lab, generated from the solution notebooks (nothing is stored by hand).
+
+For each lab: the solution, the blank release, one submission per classic mistake (the solution with one
+edit), and adversarial submissions that try to earn points without the work or to break the grader. Each
+fixture says which test cells it must lose (`lost`); the end-to-end tests grade them all through nbgrader
+and compare. `python -m autograder fixtures LAB DEST` writes them out for inspection.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from autograder.pipeline import SOLUTIONS
+
+SOLUTION_REGION = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n", re.M)
+
+
+@dataclass
+class Mistake:
+    """The solution with `old` replaced by `new` in the solution cell `cell`; it must lose exactly `lost`."""
+
+    cell: str
+    old: str
+    new: str
+    lost: set[str]
+
+
+@dataclass
+class LabFixtures:
+    """What the fixtures of one lab need to know.
+
+    target_cell: the solution cell the adversarial fixtures attack; target_tests: the test cells that fail when
+    that cell defines nothing; reference_import: a cell that imports the course's own implementation instead
+    of writing it; mistakes: the classic mistakes of this lab.
+    """
+
+    target_cell: str
+    target_tests: set[str]
+    reference_import: str
+    mistakes: dict[str, Mistake] = field(default_factory=dict)
+
+
+@dataclass
+class Fixture:
+    """One simulated submission: `notebook` (None for a file that is not a notebook, see `raw`), and the test
+    cells it must lose (`lost`; None means every test). `exact`: the lost set is exact, not an upper bound on
+    what it may earn (adversarial fixtures that can also disturb later cells only promise no unearned points)."""
+
+    name: str
+    notebook: nbformat.NotebookNode | None
+    lost: set[str] | None
+    exact: bool = True
+    raw: bytes | None = None
+
+
+def solution_notebook(lab: str) -> nbformat.NotebookNode:
+    return nbformat.read(SOLUTIONS / lab / f"{lab}.ipynb", as_version=4)
+
+
+def grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def is_test(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
+def test_ids(lab: str) -> set[str]:
+    """Every test cell of `lab` (visible and hidden)."""
+    return {grade_id(c) for c in solution_notebook(lab).cells if is_test(c)}
+
+
+def solved(release: nbformat.NotebookNode, lab: str, overrides: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """The release notebook with every solution cell filled in as the solution does (or from `overrides`)."""
+    answers = {grade_id(c): SOLUTION_REGION.sub("", c.source) for c in solution_notebook(lab).cells
+               if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    answers.update(overrides or {})
+    nb = nbformat.from_dict(release)
+    for cell in nb.cells:
+        if grade_id(cell) in answers and cell.metadata["nbgrader"].get("solution"):
+            cell.source = answers[grade_id(cell)]
+    return nb
+
+
+def solution_source(lab: str, cell: str) -> str:
+    return next(SOLUTION_REGION.sub("", c.source) for c in solution_notebook(lab).cells if grade_id(c) == cell)
+
+
+def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
+    """All simulated submissions of `lab`, built from its solution and its `release` notebook."""
+    spec = LABS[lab]
+    every = test_ids(lab)
+    target = spec.target_cell
+    target_source = solution_source(lab, target)
+    blank_stub = "# YOUR CODE HERE\nraise NotImplementedError()"
+    out = [Fixture("solution", solved(release, lab), set()), Fixture("blank", nbformat.from_dict(release), None)]
+    for name, mistake in spec.mistakes.items():
+        source = solution_source(lab, mistake.cell)
+        if mistake.old not in source:
+            raise ValueError(f"{lab} mistake {name}: {mistake.old!r} is not in the solution of {mistake.cell}")
+        out.append(Fixture(name, solved(release, lab, {mistake.cell: source.replace(mistake.old, mistake.new)}),
+                           mistake.lost))
+
+    def attack(name: str, source: str, lost: set[str] | None = None, exact: bool = True) -> None:
+        out.append(Fixture(name, solved(release, lab, {target: source}),
+                           spec.target_tests if lost is None else lost, exact))
+
+    attack("infinite_loop", "while True:\n    pass\n" + target_source)
+    attack("sys_exit", "import sys\nsys.exit(1)\n" + target_source)
+    attack("raise_system_exit", "raise SystemExit(0)\n" + target_source)
+    attack("os_exit", "import os\nos._exit(1)\n" + target_source)
+    attack("imports_reference", spec.reference_import)
+    attack("monkeypatch_module", "torch.allclose = lambda *args, **kwargs: True\n"
+                                 "torch.equal = lambda *args, **kwargs: True\n" + blank_stub)
+    attack("monkeypatch_alias", "def _cheat():\n    t = torch\n    t.allclose = lambda *args, **kwargs: True\n"
+                                "    t.equal = lambda *args, **kwargs: True\n\n_cheat()\n" + blank_stub)
+    attack("stdout_flood", "for _ in range(200_000):\n    print('flood ' * 20)\n" + target_source, lost=set())
+    attack("memory_bomb", "hoard = []\nwhile True:\n    hoard.append(torch.ones(1 << 26))\n" + target_source,
+           exact=False)
+
+    deleted = solved(release, lab, {target: blank_stub})
+    deleted.cells = [c for c in deleted.cells if not is_test(c)]
+    out.append(Fixture("deleted_tests", deleted, spec.target_tests))
+    edited = solved(release, lab, {target: blank_stub})
+    for cell in edited.cells:
+        if is_test(cell):
+            cell.source = "pass"
+            cell.metadata["nbgrader"]["points"] = 100
+    out.append(Fixture("edited_tests", edited, spec.target_tests))
+    out.append(Fixture("corrupt_file", None, None, raw=b'{"cells": [{"cell_type": "code", "sour'))
+    for fixture in out:
+        if fixture.lost is not None and not fixture.lost <= every:
+            raise ValueError(f"{lab} fixture {fixture.name} names unknown tests {fixture.lost - every}")
+    return out
+
+
+def write(fixtures_: list[Fixture], dest: Path) -> None:
+    """Write fixtures as "<name>_<lab>.ipynb" files into `dest` (the flat LMS layout `grade` accepts)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for fixture in fixtures_:
+        path = dest / f"{fixture.name.replace('_', '-')}_submission.ipynb"
+        if fixture.notebook is None:
+            path.write_bytes(fixture.raw or b"")
+        else:
+            nbformat.write(fixture.notebook, path)
+
+
+LAB01 = "lab01_sampling"
+LABS: dict[str, LabFixtures] = {
+    LAB01: LabFixtures(
+        target_cell="process_logits",
+        target_tests={"test_process_logits", "test_process_logits_hidden"},
+        reference_import=("from specdec_lab.sampling import SamplingConfig, process_logits as reference\n\n\n"
+                          "def process_logits(logits, temperature, top_k=None):\n"
+                          "    return reference(logits, SamplingConfig(temperature, top_k))\n"),
+        mistakes={
+            "pq_swapped": Mistake("accepted_count", "u[i] * q[i, token] < p[i, token]",
+                                  "u[i] * p[i, token] < q[i, token]", set()),
+            "residual_not_normalised": Mistake("residual", "return excess / total if total > 0 else p",
+                                               "return excess if total > 0 else p", set()),
+            "residual_not_clipped": Mistake("residual", "excess = (p - q).clamp(min=0)", "excess = p - q", set()),
+            "bonus_missing": Mistake("verify", "return draft_tokens[:n].tolist() + [int(extra)]",
+                                     "return draft_tokens[:n].tolist() + ([int(extra)] if n < k else [])", set()),
+            "bonus_wrong_position": Mistake("verify", "torch.multinomial(p[k], 1", "torch.multinomial(p[k - 1], 1",
+                                            set()),
+        },
+    ),
+}

@@ -1,0 +1,379 @@
+"""EAGLE (Li et al. 2024): draft in the target's feature space with one light decoder layer.
+
+The head reads the target's feature f_t at position t together with the embedding of the token x_{t+1}
+that follows it, and predicts the next feature; the target's own frozen lm_head turns a predicted feature
+into a token distribution. Drafting unrolls the head on its own predictions:
+
+    f, x = f_n, x_{n+1}                      # the last verified feature and the last emitted token
+    repeat depth times:
+        f = head(fc([f ; embed(x)]))          # one decoder layer with its own KV cache
+        q = softmax(lm_head(f));  x ~ q       # (argmax when greedy; top-k children in tree mode)
+
+Which feature. transformers 5.24 returns `hidden_states[-1]` AFTER the target's final RMSNorm. We use that
+normed feature (the paper's "feature before the LM head"), not the pre-norm residual stream, because
+(1) it is exactly what lm_head reads, so lm_head(predicted feature) is the draft distribution with no extra
+norm to learn or copy; (2) the norm fixes its scale, so the smooth-L1 regression is well conditioned (the
+pre-norm residual stream carries a few very large dimensions that would dominate the loss); (3) the decode
+loop already returns it, so no forward hook is needed.
+
+Modes of `EagleDrafter`:
+
+- "chain" (EAGLE-1): `depth` tokens, one per step, verified by the chain rules (sampled tokens carry q).
+- "tree" (EAGLE-2): a dynamic tree. Depth 1 holds the `top_k` most likely tokens; at every further depth
+  the `top_k` newest nodes with the highest cumulative log-probability are expanded (one batched head
+  forward with a tree mask over the head's cache), each into its `top_k` most likely children. Finally all
+  nodes are reranked by cumulative log-probability and the best `total_tokens` form the draft tree. A
+  child's cumulative log-probability never exceeds its parent's, so the kept set is closed under ancestors.
+
+The EAGLE-3 direction is the same head with `feature_layers` naming several target layers (low, middle,
+high): their features are concatenated and fused by a linear layer into the head's input feature. It is
+trained with training-time test (`specdec_lab.train.eagle`): unrolled on its own outputs, as it drafts.
+
+A head is saved as a small folder: `config.json` (an `EagleConfig`) and `model.safetensors` (fp16).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from specdec_lab.cache import truncate
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.sampling import process_logits, sample
+
+MODES = ("chain", "tree")
+
+
+@dataclass
+class EagleConfig:
+    """Shape of an EAGLE head (one decoder layer of the target's shape) and which target features it reads.
+
+    hidden_size / intermediate_size / num_heads / num_kv_heads / head_dim / rms_norm_eps / rope_theta /
+    max_position_embeddings: the target layer's shape; vocab_size: the target's vocabulary (for checks);
+    target_layers: how many layers the target has; feature_layers: indices into the target's
+    `hidden_states` tuple (0 = embeddings, target_layers = the final-normed top feature) that the head reads;
+    one index is EAGLE-1, several are fused (EAGLE-3 direction); variant: a label for model cards.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    vocab_size: int
+    target_layers: int
+    feature_layers: list[int] = field(default_factory=list)
+    variant: str = "eagle1"
+
+    @classmethod
+    def from_target(cls, target: nn.Module, feature_layers: list[int] | None = None,
+                    variant: str = "eagle1") -> EagleConfig:
+        """The head config that fits `target` (feature_layers: None = the top feature only)."""
+        tc = target.config
+        layers = tc.num_hidden_layers
+        rope = getattr(tc, "rope_parameters", None) or {}
+        feature_layers = [layers] if feature_layers is None else [i % (layers + 1) for i in feature_layers]
+        return cls(
+            hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+            num_heads=tc.num_attention_heads, num_kv_heads=getattr(tc, "num_key_value_heads", tc.num_attention_heads),
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+            rms_norm_eps=tc.rms_norm_eps, rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 1e4))),
+            max_position_embeddings=tc.max_position_embeddings, vocab_size=tc.vocab_size, target_layers=layers,
+            feature_layers=feature_layers, variant=variant,
+        )
+
+    def llama_config(self) -> LlamaConfig:
+        """A one-layer `LlamaConfig` of this shape (for the decoder layer, its rotary embedding and cache)."""
+        config = LlamaConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=1, num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+        )
+        config._attn_implementation = "sdpa"
+        return config
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A (q, kv) boolean "may attend" matrix as the (1, 1, q, kv) additive mask the attention layer takes."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def causal_allowed(query_length: int, past_length: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(q, past + q) booleans: every query sees the whole past and the queries up to itself."""
+    return torch.ones(query_length, past_length + query_length, dtype=torch.bool, device=device).tril(past_length)
+
+
+class EagleHead(nn.Module):
+    """The EAGLE draft head: fc([feature ; embed(token)]) (2H -> H), one Llama decoder layer, an RMSNorm.
+
+    The closing norm (a departure from the paper's head) puts predictions in the same normed space as the
+    target feature they regress onto; a decoder layer alone adds to a residual stream whose scale (std ~25
+    in the zoo target, measured) is far from the normed feature's (~1), and its first logits would be wild.
+
+    It borrows the target's embedding and lm_head (frozen, never saved with the head): call `attach(target)`
+    before use. `forward` returns predicted features; `logits` maps features to token scores.
+    """
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.config = config
+        self.layer_config = config.llama_config()
+        hidden = config.hidden_size
+        fused = len(config.feature_layers)
+        if fused < 1:
+            raise ValueError("an EAGLE head needs at least one feature layer")
+        # EAGLE-3 direction: several layers' features, fused into one by a linear map (identity for EAGLE-1).
+        self.fuse = nn.Linear(fused * hidden, hidden, bias=False) if fused > 1 else None
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.layer = LlamaDecoderLayer(self.layer_config, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(self.layer_config)
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self._borrowed: tuple[nn.Module, nn.Module] | None = None  # (embedding, lm_head), not submodules
+
+    def attach(self, target: nn.Module) -> EagleHead:
+        """Borrow `target`'s embedding and lm_head and move the head to its device and dtype."""
+        tc, hc = target.config, self.config
+        if (tc.hidden_size, tc.vocab_size, tc.num_hidden_layers) != (hc.hidden_size, hc.vocab_size, hc.target_layers):
+            raise ValueError(
+                f"this EAGLE head was built for a target with hidden size {hc.hidden_size}, vocabulary "
+                f"{hc.vocab_size} and {hc.target_layers} layers; the given target has {tc.hidden_size}, "
+                f"{tc.vocab_size} and {tc.num_hidden_layers}"
+            )
+        self._borrowed = (target.get_input_embeddings(), target.get_output_embeddings())
+        weight = self._borrowed[1].weight
+        return self.to(device=weight.device, dtype=weight.dtype)
+
+    def _target_parts(self) -> tuple[nn.Module, nn.Module]:
+        if self._borrowed is None:
+            raise RuntimeError("the EAGLE head is not attached to a target: call head.attach(target) first")
+        return self._borrowed
+
+    def fuse_features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The head's input feature from the target's per-layer hidden states (..., H)."""
+        chosen = [hidden_states[i] for i in self.config.feature_layers]
+        if self.fuse is None:
+            return chosen[0]
+        # Inner layers' residual streams are ~25x larger than the normed top feature: normalise each first.
+        eps = self.config.rms_norm_eps
+        return self.fuse(torch.cat([F.rms_norm(h, h.shape[-1:], eps=eps) for h in chosen], dim=-1))
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
+        """Predicted next features (B, T, H).
+
+        features: the input features (B, T, H), fused target features or the head's own predictions;
+        tokens: (B, T) the token that follows each feature's position; position_ids: (B, T) positions;
+        attention_mask: additive (1 or B, 1, T, past + T); cache: the head's KV cache (appended to), or None.
+        """
+        embed, _ = self._target_parts()
+        x = self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))
+        rope = self.rotary(x, position_ids)
+        x = self.layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                       use_cache=cache is not None, position_embeddings=rope)
+        return self.norm(x)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Token scores of (predicted) features through the target's lm_head."""
+        return self._target_parts()[1](features)
+
+    def new_cache(self) -> DynamicCache:
+        """An empty KV cache for the head's one layer."""
+        return DynamicCache(config=self.layer_config)
+
+    def init_from_target_layer(self, target: nn.Module, index: int = -1) -> None:
+        """Warm start for training: the decoder layer copies target layer `index`, the norm the final norm."""
+        self.layer.load_state_dict(target.model.layers[index].state_dict())
+        self.norm.load_state_dict(target.model.norm.state_dict())
+
+    def save(self, folder: str | Path) -> None:
+        """Write `config.json` and fp16 `model.safetensors` into `folder`."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": "eagle_head", **asdict(self.config)}, indent=2)
+                                            + "\n")
+        state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"))
+
+    @classmethod
+    def load(cls, folder: str | Path, target: nn.Module) -> EagleHead:
+        """Read a head saved by `save` and attach it to `target` (weights upcast to the target's dtype)."""
+        folder = Path(folder)
+        if not (folder / "config.json").exists() or not (folder / "model.safetensors").exists():
+            raise FileNotFoundError(f"no EAGLE head in {folder} (expected config.json and model.safetensors)")
+        data = json.loads((folder / "config.json").read_text())
+        data.pop("model_type", None)
+        head = cls(EagleConfig(**data))
+        head.load_state_dict({k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()})
+        return head.attach(target).eval()
+
+
+@dataclass
+class TreeNode:
+    """One drafted token of an EAGLE-2 tree: its parent node (-1 = the last emitted token), depth (1 = a
+    child of the root), cumulative log-probability of the path, and which head-cache entry was fed to
+    expand it (-1 = not expanded)."""
+
+    token: int
+    parent: int
+    depth: int
+    score: float
+    fed: int = -1
+
+
+class EagleDrafter(Drafter):
+    """Drafts with an EAGLE head, as a chain (EAGLE-1) or a dynamic tree (EAGLE-2).
+
+    head: an `EagleHead` (attached to the target it is used with); mode: "chain" or "tree"; depth: tokens
+    per chain, or the tree's maximum depth; top_k: children per expanded node and nodes expanded per depth
+    (tree mode); total_tokens: tree nodes kept after the final rerank (the verification budget).
+    """
+
+    needs_hidden_states = True
+
+    def __init__(self, head: EagleHead, mode: str = "chain", depth: int = 5, top_k: int = 8,
+                 total_tokens: int = 32):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        for name, value in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.head = head
+        self.mode = mode
+        self.depth = depth
+        self.top_k = top_k
+        self.total_tokens = total_tokens
+        self.cache: DynamicCache | None = None
+        self.committed = 0  # head positions fed with the target's true features
+        self.last_feature: torch.Tensor | None = None  # the head's prediction after the last true position
+        self.last_logits: torch.Tensor | None = None
+
+    def start(self, state: DecodeState) -> None:
+        if self.head._borrowed is None or self.head._borrowed[1] is not state.target.get_output_embeddings():
+            self.head.attach(state.target)
+        self.cache = self.head.new_cache()
+        self.committed = 0
+        self._absorb(state)
+
+    def commit(self, state: DecodeState, accepted: int) -> None:
+        # Drop the speculative entries of the last draft; re-feed the accepted positions with true features.
+        truncate(self.cache, self.committed)
+        self._absorb(state)
+
+    def _absorb(self, state: DecodeState) -> None:
+        """Feed the head every verified position it has not seen: feature f_t paired with token x_{t+1}."""
+        features = self.head.fuse_features(state.hidden_states)
+        new = len(state.tokens) - 1 - self.committed
+        if features.shape[0] != new:
+            raise RuntimeError(f"EAGLE expected the target features of {new} new positions, got {features.shape[0]}")
+        tokens = torch.tensor(state.tokens[self.committed + 1 :], device=state.device)
+        positions = torch.arange(self.committed, self.committed + new, device=state.device)
+        mask = additive_mask(causal_allowed(new, self.committed, state.device), features.dtype)
+        out = self.head(features[None], tokens[None], positions[None], mask, self.cache)[0]
+        self.committed += new
+        self.last_feature = out[-1]
+        self.last_logits = self.head.logits(out[-1]).float()
+
+    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
+        if self.mode == "chain":
+            return self._propose_chain(state, min(self.depth, max_tokens))
+        return self._propose_tree(state, min(self.depth, max_tokens))
+
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor, depth: int, allowed: torch.Tensor) -> torch.Tensor:
+        """One batched head forward of speculative nodes at draft depth `depth` (1 = right after the verified
+        prefix); appends their entries to the head cache and returns their predicted features (n, H)."""
+        positions = torch.full((1, len(tokens)), self.committed + depth - 1, device=tokens.device)
+        mask = additive_mask(allowed, features.dtype)
+        return self.head(features[None], tokens[None], positions, mask, self.cache)[0]
+
+    def _propose_chain(self, state: DecodeState, k: int) -> Draft:
+        feature, logits = self.last_feature, self.last_logits
+        tokens, probs = [], []
+        for i in range(k):
+            if state.sampling.greedy:
+                token = logits.argmax()
+            else:
+                q = process_logits(logits, state.sampling)
+                token = sample(q, state.generator)
+                probs.append(q)
+            tokens.append(token)
+            if i + 1 < k:  # the last drafted token is never fed: nothing would read its prediction
+                allowed = causal_allowed(1, self.committed + i, state.device)
+                feature = self._step(feature[None], token.reshape(1), i + 1, allowed)[0]
+                logits = self.head.logits(feature).float()
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+    def _log_q(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Log draft probabilities under the run's sampling settings (-inf where they remove a token)."""
+        if state.sampling.greedy:
+            return torch.log_softmax(logits, -1)
+        return process_logits(logits, state.sampling).log()
+
+    def _children(self, parent: int, parent_score: float, log_q: torch.Tensor, depth: int) -> list[TreeNode]:
+        """The `top_k` most likely children of a node (those the sampling settings allow)."""
+        scores, tokens = log_q.topk(min(self.top_k, log_q.shape[-1]))
+        return [TreeNode(int(t), parent, depth, parent_score + float(s))
+                for s, t in zip(scores.tolist(), tokens.tolist(), strict=True) if s > float("-inf")]
+
+    def _propose_tree(self, state: DecodeState, depth: int) -> Draft:
+        """EAGLE-2: grow by expanding the best `top_k` nodes of each depth, then keep the best `total_tokens`."""
+        nodes = self._children(-1, 0.0, self._log_q(self.last_logits, state), 1)
+        fed_features: list[torch.Tensor] = []  # the head's output of every fed (expanded) node, in feeding order
+        for d in range(1, depth):
+            layer = sorted((i for i, n in enumerate(nodes) if n.depth == d), key=lambda i: -nodes[i].score)
+            expand = layer[: self.top_k]
+            if not expand:
+                break
+            out = self._expand(nodes, expand, fed_features, d, state.device)
+            log_q = self._log_q(self.head.logits(out).float(), state)
+            for row, i in enumerate(expand):
+                nodes[i].fed = len(fed_features)
+                fed_features.append(out[row])
+                nodes.extend(self._children(i, nodes[i].score, log_q[row], d + 1))
+        return self._best_subtree(nodes, state.device)
+
+    def _expand(self, nodes: list[TreeNode], expand: list[int], fed_features: list[torch.Tensor], depth: int,
+                device: torch.device) -> torch.Tensor:
+        """One head forward over the nodes `expand` (all at `depth`): each sees the verified prefix, the
+        head-cache entries of its own ancestors and itself. Returns their predicted features (len(expand), H)."""
+        past = self.committed + len(fed_features)
+        allowed = torch.zeros(len(expand), past + len(expand), dtype=torch.bool, device=device)
+        allowed[:, : self.committed] = True
+        features, tokens = [], []
+        for row, i in enumerate(expand):
+            allowed[row, past + row] = True
+            parent = nodes[i].parent
+            features.append(self.last_feature if parent < 0 else fed_features[nodes[parent].fed])
+            while parent >= 0:  # every ancestor was expanded, so it has a head-cache entry
+                allowed[row, self.committed + nodes[parent].fed] = True
+                parent = nodes[parent].parent
+            tokens.append(nodes[i].token)
+        return self._step(torch.stack(features), torch.tensor(tokens, device=device), depth, allowed)
+
+    def _best_subtree(self, nodes: list[TreeNode], device: torch.device) -> Draft:
+        """Keep the `total_tokens` nodes of highest cumulative log-probability, parents first.
+
+        A child scores at most its parent (log-probabilities are <= 0) and ties are broken by depth, so the
+        kept set always contains every kept node's parent.
+        """
+        ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))
+        kept = sorted(ranked[: self.total_tokens], key=lambda i: (nodes[i].depth, i))
+        index = {node: slot for slot, node in enumerate(kept)}
+        parents = [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in kept]
+        tokens = torch.tensor([nodes[i].token for i in kept], dtype=torch.long, device=device)
+        # Every candidate is a deterministic function of the context (no random draw), so verification
+        # treats each as drawn from a point mass: probs=None (see the class docstring on losslessness).
+        return Draft(tokens, None, parents=torch.tensor(parents, dtype=torch.long, device=device))

@@ -1,0 +1,1 @@
+"""One-off measurement scripts behind figures in the notes (run with `python -m specdec_lab.experiments.NAME`)."""

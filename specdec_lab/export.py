@@ -1,0 +1,497 @@
+"""Turning a student's completed lab notebook into a project artifact they can keep and show.
+
+    specdec export labs/lab01_sampling/lab01_sampling.ipynb --out my-speculative-sampling
+
+The artifact folder holds:
+
+- `<lab>.py`: the student's implementation as an importable module: the lab's locked setup cells (the
+  helpers and small models the exercises use, without bare calls such as `torch.set_num_threads`) and the
+  imports, constants, functions and classes of the solution cells (demos, plots and tests stay behind);
+- `benchmark.json` and `report.html`: their code plugged into the real engine on the zoo pair, against the
+  reference implementation, measured in the same run (outputs at temperature 0, tau and speed);
+- `README.md`: what they built, what was measured, and how to rerun it.
+
+Bad input (not a notebook, a corrupt file, exercises still raising NotImplementedError, a module that does
+not import) is refused with a message naming the problem, and nothing is written: the folder is built in a
+temporary sibling and renamed into place only when everything succeeded.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from specdec_lab import bench, decode, report
+from specdec_lab.drafters import DraftModelDrafter
+from specdec_lab.models import ModelPair, load_pair, zoo_path
+from specdec_lab.sampling import process_logits
+from specdec_lab.stats import DecodeStats
+from specdec_lab.verify import Verdict
+
+# Top-level statements kept in the module: imports, definitions (and literal constants, see below).
+# Everything else (calls, prints, plots) is notebook activity.
+KEPT_STATEMENTS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+NBGRADER_MARKER = re.compile(r"\s*### (BEGIN|END) (SOLUTION|HIDDEN TESTS)\s*$")
+
+
+class ExportError(Exception):
+    """The notebook cannot become an artifact; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Extracted:
+    """The student's implementation, lifted out of the notebook.
+
+    lab: the notebook's name (e.g. "lab01_sampling"); title: its first heading; source: the module text;
+    functions: the solution functions with the first line of their docstrings.
+    """
+
+    lab: str
+    title: str
+    source: str
+    functions: dict[str, str] = field(default_factory=dict)
+
+
+def read_notebook(path: Path):
+    """The notebook at `path`, validated; ExportError when it is missing, not JSON or not a notebook."""
+    import nbformat
+
+    if not path.is_file():
+        raise ExportError(f"{path}: no such file")
+    try:
+        notebook = nbformat.read(str(path), as_version=4)
+        nbformat.validate(notebook)
+    except (nbformat.reader.NotJSONError, nbformat.ValidationError, UnicodeDecodeError, ValueError, KeyError,
+            AttributeError, TypeError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ExportError(f"{path} is not a readable Jupyter notebook ({first_line[:200]})") from None
+    return notebook
+
+
+def nbgrader_role(cell) -> str:
+    """"solution", "test" (a graded cell the student may not edit), "setup" (locked code) or "other"."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    if meta.get("solution"):
+        return "solution"
+    if meta.get("grade"):
+        return "test"
+    if meta.get("locked"):
+        return "setup"
+    return "other"
+
+
+def without_magics(source: str) -> str:
+    """The cell's source with top-level IPython magics and shell escapes (`%...`, `!...`) removed."""
+    return "\n".join("" if line.startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def raises_not_implemented(tree: ast.AST) -> bool:
+    """Whether the code still contains nbgrader's placeholder `raise NotImplementedError`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(target, ast.Name) and target.id == "NotImplementedError":
+                return True
+    return False
+
+
+def is_constant_assignment(node: ast.stmt) -> bool:
+    """`NAME = <literal>` at the top level: a constant the functions may read (kept; other statements are not)."""
+    if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+        return False
+    try:
+        ast.literal_eval(node.value)
+    except ValueError:
+        return False
+    return True
+
+
+def kept_code(source: str, tree: ast.Module, whole: bool) -> tuple[list[str], list[str]]:
+    """The imports and the other kept statements of one cell, in order, without nbgrader markers.
+
+    whole: keep every statement except bare calls (a setup cell that builds models and data the functions
+    read); otherwise keep only definitions and literal constants (a solution or demo cell).
+    """
+    lines = source.splitlines()
+    imports, statements = [], []
+    for node in tree.body:
+        definition = isinstance(node, KEPT_STATEMENTS) or is_constant_assignment(node)
+        if definition or (whole and not isinstance(node, ast.Expr)):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            code = "\n".join(line for line in lines[first - 1 : node.end_lineno] if not NBGRADER_MARKER.match(line))
+            (imports if isinstance(node, ast.Import | ast.ImportFrom) else statements).append(code)
+    return imports, statements
+
+
+def extract(path: Path) -> Extracted:
+    """The student's implementation from a completed nbgrader lab notebook (ExportError when unfinished)."""
+    notebook = read_notebook(path)
+    code_cells = [c for c in notebook.cells if c.cell_type == "code"]
+    solutions = [c for c in code_cells if nbgrader_role(c) == "solution"]
+    if not solutions:
+        raise ExportError(f"{path} has no nbgrader solution cells: export works on the graded lab notebooks "
+                          "(labs/labNN_topic/labNN_topic.ipynb)")
+    imports, definitions, functions, unfinished = [], [], {}, []
+    first_solution = code_cells.index(solutions[0])
+    for position, cell in enumerate(code_cells):
+        role = nbgrader_role(cell)
+        if role not in ("setup", "solution"):
+            continue
+        name = cell.metadata.get("nbgrader", {}).get("grade_id", "?")
+        source = without_magics(cell.source)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as error:
+            raise ExportError(f"cell {name!r} has a syntax error on line {error.lineno}: {error.msg}") from None
+        if role == "solution" and raises_not_implemented(tree):
+            unfinished.append(name)
+            continue
+        cell_imports, cell_definitions = kept_code(source, tree, whole=role == "setup" and position < first_solution)
+        imports += [line for line in cell_imports if line not in imports]
+        definitions += cell_definitions
+        if role == "solution":
+            functions |= {node.name: (ast.get_docstring(node) or "").split("\n")[0] for node in tree.body
+                          if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+    if unfinished:
+        raise ExportError(f"{path} is not finished: {len(unfinished)} exercise(s) still raise "
+                          f"NotImplementedError ({', '.join(unfinished)}); complete them, then export")
+    if not functions:
+        raise ExportError(f"{path}: the solution cells define no functions to export")
+    title = next((c.source.lstrip("# ").splitlines()[0] for c in notebook.cells
+                  if c.cell_type == "markdown" and c.source.startswith("#")), path.stem)
+    lab = re.sub(r"\W", "_", path.stem)
+    if not lab.isidentifier():
+        lab = "lab_" + lab
+    about = (f"Extracted by `specdec export` from {path.name} on {time.strftime('%Y-%m-%d')}: the lab's setup "
+             f"(without its bare calls) and the definitions of its solution cells. Functions: "
+             f"{', '.join(functions)}.")
+    header = f'"""{title}: my implementation.\n\n{textwrap.fill(about, 110)}\n"""\n\n'
+    source = header + "\n".join(imports) + "\n\n\n" + "\n\n\n".join(definitions) + "\n"
+    return Extracted(lab, title, source, functions)
+
+
+def import_module_from(path: Path, name: str) -> ModuleType:
+    """Import the module file at `path` under `name` without leaving it in `sys.modules`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # any failure of student code is reported, not raised through
+        raise ExportError(f"the extracted module {path.name} fails to import: {type(error).__name__}: {error}") \
+            from None
+    finally:
+        sys.modules.pop(name, None)
+    return module
+
+
+# ----------------------------------------------------------------------------------------------- benchmarks
+
+
+@dataclass
+class LabBenchmark:
+    """How one lab's implementation is benchmarked against the reference.
+
+    needs: solution functions that identify the lab; subject: what of theirs runs ("my verify"); what: one
+    sentence for the README; methods: (module, config) -> the benchmark methods, named "plain" (the
+    baseline every figure is relative to), "reference" (the engine's own implementation) and "yours" (the
+    same job done by the student's code).
+    """
+
+    needs: tuple[str, ...]
+    subject: str
+    what: str
+    methods: Callable[[ModuleType, bench.BenchConfig], list[bench.Method]]
+
+
+def student_verify_chain(verify: Callable) -> Callable:
+    """The engine's chain verification rule with the student's `verify(draft_tokens, p, q, generator)` inside.
+
+    The engine hands over processed target rows p (k + 1, V); the draft rows q are the draft model's (or
+    one-hot rows when the draft is deterministic, as at temperature 0, where p is one-hot too, so a correct
+    rule reproduces greedy decoding exactly).
+    """
+
+    def verify_chain(draft, logits: torch.Tensor, sampling, generator: torch.Generator) -> Verdict:
+        p = process_logits(logits, sampling)
+        q = draft.probs
+        if q is None:
+            q = torch.nn.functional.one_hot(draft.tokens, p.shape[-1]).to(p.dtype)
+        emitted = [int(t) for t in verify(draft.tokens, p, q, generator)]
+        accepted = len(emitted) - 1
+        if accepted < 0 or emitted[:accepted] != draft.tokens[:accepted].tolist():
+            raise ExportError(f"your verify returned {emitted} for the draft {draft.tokens.tolist()}: it must "
+                              "return the accepted draft prefix followed by exactly one target token")
+        return Verdict(accepted, emitted[-1], resampled=accepted < len(draft.tokens))
+
+    return verify_chain
+
+
+@contextlib.contextmanager
+def engine_verification(verify_chain: Callable) -> Iterator[None]:
+    """Run the engine's decode loop with another chain verification rule, then put the engine's back."""
+    original = decode.verify_chain
+    decode.verify_chain = verify_chain
+    try:
+        yield
+    finally:
+        decode.verify_chain = original
+
+
+def engine_methods() -> list[bench.Method]:
+    """The engine's plain decoding (the baseline) and its draft-model speculative decoding (the reference)."""
+    return [
+        bench.Method("plain", "specdec_lab.generate, autoregressive", "ours", "autoregressive",
+                     lambda c: bench.ours_runner(c, None)),
+        bench.Method("reference", "specdec_lab.generate, draft model", "ours", "chain", draft_runner,
+                     draft_model=True),
+    ]
+
+
+def draft_runner(context: bench.BenchContext) -> bench.Runner:
+    """The engine with the draft-model drafter (k from the settings)."""
+    return bench.ours_runner(context, DraftModelDrafter(bench.need_draft(context), k=context.config.k))
+
+
+def lab02_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.Method]:
+    """The engine against the student's whole loop (`generate`, `speculative_step`) on the same models."""
+
+    def yours(context: bench.BenchContext) -> bench.Runner:
+        # Their `start` reads the module globals `target` and `draft_model`: point them at the benchmark pair.
+        module.target, module.draft_model = context.pair.target, context.pair.draft
+        their_step, accepted_per_step = module.speculative_step, []
+
+        def counted_step(dec, k: int) -> list[int]:
+            emitted = their_step(dec, k)
+            accepted_per_step.append(len(emitted) - 1)
+            return emitted
+
+        def run(ids: list[int], seed: int) -> bench.RunResult:
+            accepted_per_step.clear()
+            module.speculative_step = counted_step  # their `generate` looks the step up at call time
+            started = time.perf_counter()
+            try:
+                tokens, forwards = module.generate(list(ids), config.max_new_tokens, config.k,
+                                                   temperature=config.temperature, seed=seed,
+                                                   eos=context.eos_token_id)
+            finally:
+                module.speculative_step = their_step
+            stats = DecodeStats(target_forwards=int(forwards), new_tokens=len(tokens),
+                                total_seconds=time.perf_counter() - started)
+            for accepted in accepted_per_step:
+                stats.record_step(config.k, accepted)
+            return bench.RunResult([int(t) for t in tokens], stats)
+
+        return run
+
+    return engine_methods() + [bench.Method("yours", "my decoding loop, draft model", "ours", "chain", yours,
+                                            draft_model=True)]
+
+
+def lab01_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.Method]:
+    """The engine's draft-model decoding with its own verification rule and with the student's `verify`."""
+
+    def yours(context: bench.BenchContext) -> bench.Runner:
+        run, rule = draft_runner(context), student_verify_chain(module.verify)
+
+        def run_with_your_verify(ids: list[int], seed: int) -> bench.RunResult:
+            with engine_verification(rule):
+                return run(ids, seed)
+
+        return run_with_your_verify
+
+    return engine_methods() + [bench.Method("yours", "specdec_lab.generate, draft model, my verify", "ours",
+                                            "chain", yours, draft_model=True)]
+
+
+LAB_BENCHMARKS = [
+    LabBenchmark(("generate", "speculative_step"), "my loop",
+                 "my loop (`generate` driving `speculative_step`: draft, one target forward, roll back both caches) "
+                 "runs on the benchmark's target and draft models, against `specdec_lab.generate` with the same "
+                 "draft model and k", lab02_methods),
+    LabBenchmark(("verify",), "my verify",
+                 "my `verify` (accept/reject with the residual and the bonus token) replaces the engine's chain "
+                 "verification rule in `specdec_lab.generate`, drafting with the draft model", lab01_methods),
+]
+
+
+def find_benchmark(functions: dict[str, str]) -> LabBenchmark:
+    """The benchmark of the lab whose solution functions these are (ExportError when no lab matches)."""
+    for candidate in LAB_BENCHMARKS:
+        if all(name in functions for name in candidate.needs):
+            return candidate
+    known = "; ".join(", ".join(b.needs) for b in LAB_BENCHMARKS)
+    raise ExportError(f"no benchmark knows these solution functions ({', '.join(functions)}); export supports "
+                      f"the labs whose solutions define: {known}")
+
+
+def run_lab_benchmark(module: ModuleType, lab: LabBenchmark, pair: ModelPair, settings: dict) -> dict:
+    """The lab's methods at temperature 0 and 1 on held-out prompts, as one report dict (see report.py)."""
+    sets, costs = {}, None
+    for temperature in (0.0, 1.0):
+        config = bench.BenchConfig(temperature=temperature, progress=False, **settings)
+        context = bench.BenchContext(pair, config, decode.default_eos(pair.target))
+        methods = lab.methods(module, config)
+        runners = {m.name: m.build(context) for m in methods}
+        prompts = bench.corpus_prompts("heldout", pair.tokenizer, config.prompts, 400)
+        costs = costs or bench.forward_costs(pair, prompts[0].ids, config.k)
+        try:
+            records = bench.time_methods(context, runners, prompts, methods, NoProgress())
+        except ExportError:
+            raise
+        except Exception as error:  # the student's code failed inside the engine
+            raise ExportError(f"your code failed inside the engine at temperature {temperature:g}: "
+                              f"{type(error).__name__}: {error}") from None
+        sets[f"temperature {temperature:g}"] = bench.summarise_set(records, prompts, config, costs,
+                                                                   baseline=methods[0].name)
+    return {"machine": bench.describe_machine(settings["threads"]),
+            "settings": bench.settings_dict(config) | {"temperature": "0 and 1", "baseline": methods[0].name},
+            "models": {"target": bench.model_card(pair.target, "target"),
+                       "draft": bench.model_card(pair.draft, "draft")},
+            "costs": costs, "sets": sets, "skipped": {}}
+
+
+class NoProgress:
+    """A stand-in for a tqdm bar (the export prints one line per stage instead)."""
+
+    def update(self, count: int) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------- writing
+
+
+def readme(extracted: Extracted, lab: LabBenchmark, result: dict, command: str) -> str:
+    """The artifact's README: what the student built, how it was measured, what came out."""
+    greedy, sampled = result["sets"]["temperature 0"], result["sets"]["temperature 1"]
+    yours0, ref0 = greedy["methods"]["yours"], greedy["methods"]["reference"]
+    yours1, ref1 = sampled["methods"]["yours"], sampled["methods"]["reference"]
+    functions = "\n".join(f"- `{name}`: {doc}" for name, doc in extracted.functions.items())
+    machine, models = result["machine"], result["models"]
+    where = ("the zoo pair shipped with `specdec_lab`, trained on Python source" if models["target"]["zoo"]
+             else f"`{models['target']['path']}` and `{models['draft']['path']}`")
+    speed_ratio = yours1["tokens_per_second"] / ref1["tokens_per_second"]
+    return f"""# {extracted.title}: my implementation, measured
+
+This folder is the project artifact of `{extracted.lab}`: the functions I wrote in the lab, extracted into
+an importable module, plugged into a real speculative decoding engine and measured against the reference.
+
+## What I built
+
+`{extracted.lab}.py` defines:
+
+{functions}
+
+Use it like any module: `from {extracted.lab} import {", ".join(lab.needs)}`.
+
+## What was measured
+
+In the benchmark, {lab.what}. The target ({models['target']['parameters'] / 1e6:.1f}M parameters) and the
+draft ({models['draft']['parameters'] / 1e6:.2f}M) are {where}, on
+{greedy['prompts']} held-out prompts (function signatures and docstrings the models never saw),
+{result['settings']['max_new_tokens']} new tokens each, k = {result['settings']['k']} drafted tokens per step,
+median of {result['settings']['repeats']} repeats, on {machine['cpu']} with {machine['torch_threads']} threads.
+
+- **Correctness at temperature 0**: greedy speculative decoding must reproduce plain greedy decoding token
+  for token. With {lab.subject} it did on {yours0['outputs_equal_to_baseline']} of {greedy['prompts']} prompts
+  (the reference: {ref0['outputs_equal_to_baseline']} of {greedy['prompts']}).
+- **Sampling at temperature 1**: with {lab.subject}, {yours1['tau']:.2f} tokens per target forward (tau)
+  against {ref1['tau']:.2f} for the reference; acceptance rate {fmt(yours1['acceptance_rate'])} vs
+  {fmt(ref1['acceptance_rate'])} (different random draws, so small differences are noise).
+- **Speed** at temperature 1: {yours1['tokens_per_second']:.1f} tokens/s with {lab.subject} vs
+  {ref1['tokens_per_second']:.1f} with the reference ({speed_ratio:.2f}x); {yours1['speedup']:.2f}x plain decoding.
+
+### Temperature 0
+
+{report.markdown_table(result, "temperature 0")}
+
+### Temperature 1
+
+{report.markdown_table(result, "temperature 1")}
+
+`report.html` shows the same figures as charts (open it in a browser; it works offline) and
+`benchmark.json` holds the raw numbers. Speedups are relative to plain autoregressive decoding of the same
+target in the same run.
+
+## Reproduce
+
+```
+{command}
+```
+"""
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def export(notebook: str | os.PathLike, out: str | os.PathLike, pair: ModelPair | None = None,
+           target: str | None = None, draft: str | None = None, prompts: int = 5, max_new_tokens: int = 32,
+           repeats: int = 2, threads: int = 2, force: bool = False, log: Callable[[str], None] = print) -> Path:
+    """Build the artifact folder `out` from a completed lab `notebook`; return its path.
+
+    pair / target / draft: the models to benchmark on (default: the zoo pair); prompts, max_new_tokens,
+    repeats, threads: benchmark size; force: replace an existing `out`; log: where progress lines go.
+    Raises ExportError (and writes nothing) when the notebook is unfinished, corrupt or not a lab.
+    """
+    notebook, out = Path(notebook), Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; choose another folder or pass --force to replace it")
+    extracted = extract(notebook)
+    log(f"extracted {', '.join(extracted.functions)} from {notebook.name}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        module_path = staging / f"{extracted.lab}.py"
+        module_path.write_text(extracted.source, encoding="utf-8")
+        module = import_module_from(module_path, f"_specdec_export_{extracted.lab}")
+        lab = find_benchmark(extracted.functions)
+        torch.set_num_threads(threads)
+        pair = pair or load_pair(target=target, draft=draft)
+        if pair.draft is None:
+            raise ExportError("the benchmark needs a draft model (the zoo draft, or --draft PATH)")
+        log(f"benchmarking against the reference ({prompts} prompts x {max_new_tokens} tokens, {repeats} repeats)")
+        settings = dict(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, threads=threads)
+        result = run_lab_benchmark(module, lab, pair, settings)
+        for role, path in (("target", target), ("draft", draft)):
+            result["models"][role] |= {"path": path or str(zoo_path() / role), "zoo": path is None}
+        command = (f"specdec export {notebook} --out {out} --prompts {prompts} --max-new-tokens {max_new_tokens} "
+                   f"--repeats {repeats} --threads {threads}")
+        report.write_json(result, staging / "benchmark.json")
+        report.write_html(result, staging / "report.html", title=f"{extracted.title}: my implementation",
+                          intro=f"<p>{lab.what.replace('`', '')}.</p>")
+        (staging / "README.md").write_text(readme(extracted, lab, result, command), encoding="utf-8")
+        os.chmod(staging, 0o755)
+        replace_folder(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    return out
+
+
+def replace_folder(new: Path, destination: Path) -> None:
+    """Move the finished folder `new` to `destination`, replacing an existing one only once `new` is complete."""
+    if not destination.exists():
+        os.rename(new, destination)
+        return
+    retired = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+    os.rename(destination, retired)
+    os.rename(new, destination)
+    shutil.rmtree(retired, ignore_errors=True)

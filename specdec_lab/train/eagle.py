@@ -1,0 +1,220 @@
+"""Training EAGLE heads on the frozen zoo target: EAGLE-1, and the EAGLE-3 direction as a variant.
+
+Data: random windows x_0 .. x_L of the corpus token stream. The frozen target gives, at every position t, its
+per-layer hidden states (f_t = the final-normed top feature) and its next-token distribution p_t = p(. | x_<=t).
+
+Both variants share one unrolled computation. A chain starts at every position i; its step s (s = 1 .. S)
+sits at position i + s - 1, reads token x_{i+s} and an input feature (the target's at step 1, the head's own
+previous output afterwards) and predicts the feature f_{i+s}, hence the distribution p_{i+s}:
+
+    step 1:  out_1[i] = head(feature_i, x_{i+1})          attends to the step-1 entries of positions <= i
+    step s:  out_s[i] = head(out_{s-1}[i], x_{i+s})       also attends to its own chain's entries of steps 2..s
+
+which is exactly what the head sees while drafting (a verified prefix, then its own predictions): this is
+EAGLE-3's "training-time test". With S = 1 it is EAGLE-1's teacher-forced training.
+
+Losses, per step (the paper's): feature regression smooth_l1(out_s, f_{i+s}) and token cross-entropy between
+the target's p_{i+s} and softmax(lm_head(out_s)); EAGLE-1 weighs them 1.0 and 0.1 and adds uniform noise to
+the input features (robustness to its own errors); the EAGLE-3 variant fuses low, middle and high layers,
+keeps the token loss only (a fused input has no single feature to regress) and unrolls S = 3 steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+
+from specdec_lab.drafters.eagle import EagleConfig, EagleHead, additive_mask
+from specdec_lab.train.lm import fixed_eval_batches, sample_batch
+from specdec_lab.train.loop import train
+from specdec_lab.train.recipe import RunConfig, ZooRecipe
+from specdec_lab.train.zoo import hardware, record_result, token_streams
+
+# Zoo folder and training.json entry of each variant.
+VARIANTS = {"eagle1": "eagle", "eagle3": "eagle3"}
+EVAL_STEPS = 3  # both variants are evaluated unrolled this far, so their figures compare
+
+
+@dataclass
+class EagleRecipe:
+    """Hyper-parameters of one EAGLE head variant (stored in recipe.json under "eagle").
+
+    feature_layers: target hidden-state indices the head reads (None = the top feature only); unroll_steps:
+    training-time-test depth S (1 = plain teacher forcing); reg_weight / cls_weight: weights of the feature
+    regression and token cross-entropy losses; feature_noise: half-width of the uniform noise added to the
+    input features; init_from_layer: target layer the decoder layer starts from (None = random); run: optimiser.
+    """
+
+    feature_layers: list[int] | None = None
+    unroll_steps: int = 1
+    reg_weight: float = 1.0
+    cls_weight: float = 0.1
+    feature_noise: float = 0.1
+    init_from_layer: int | None = -1
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=300, batch_size=4, seq_len=256, lr=1e-3,
+                                                             warmup_steps=20, eval_every=50, eval_batches=2,
+                                                             checkpoint_every=25))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EagleRecipe:
+        """Read one variant's section (its "run" becomes a `RunConfig`)."""
+        data = dict(data)
+        run = RunConfig(**data.pop("run")) if "run" in data else None
+        return cls(**data, run=run) if run else cls(**data)
+
+
+def default_recipes(target_layers: int) -> dict[str, EagleRecipe]:
+    """EAGLE-1 (top feature, regression + 0.1 token loss) and the EAGLE-3 variant (low/middle/high fused,
+    token loss only, 3-step training-time test), on the same data (same seed, same batch shapes)."""
+    return {
+        "eagle1": EagleRecipe(),
+        "eagle3": EagleRecipe(feature_layers=[1, target_layers // 2, target_layers], unroll_steps=3,
+                              reg_weight=0.0, cls_weight=1.0, feature_noise=0.0),
+    }
+
+
+def unroll_allowed(chains: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(C, step * C) booleans for step `step` of C parallel chains whose cache holds steps 1..step in blocks.
+
+    Chain i sees the step-1 entries of positions <= i (the verified prefix) and, of every later step, only
+    its own entry (its own speculative path).
+    """
+    prefix = torch.ones(chains, chains, dtype=torch.bool, device=device).tril()
+    own = torch.eye(chains, dtype=torch.bool, device=device)
+    return torch.cat([prefix] + [own] * (step - 1), dim=1)
+
+
+def unroll(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, steps: int,
+           noise: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Run the head `steps` times on its own outputs, one chain starting at every position.
+
+    features: (B, C, H) fused target features at positions 0 .. C-1; tokens: (B, C + steps) the window's
+    tokens (tokens[:, t] = x_t); noise: optional (B, C, H) added to the step-1 features. Returns the
+    predicted features of each step, out_s[:, i] ~ f_{i+s}, each (B, C, H).
+    """
+    chains = features.shape[1]
+    cache = head.new_cache()
+    inputs = features if noise is None else features + noise
+    outputs = []
+    for s in range(1, steps + 1):
+        positions = torch.arange(chains, device=features.device)[None] + s - 1
+        mask = additive_mask(unroll_allowed(chains, s, features.device), features.dtype)
+        inputs = head(inputs, tokens[:, s : s + chains], positions.expand(tokens.shape[0], -1), mask, cache)
+        outputs.append(inputs)
+    return outputs
+
+
+@torch.no_grad()
+def target_view(target: LlamaForCausalLM, batch: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The frozen target's per-layer hidden states and logits on a batch of windows."""
+    out = target(batch, output_hidden_states=True)
+    return out.hidden_states, out.logits
+
+
+def soft_cross_entropy(target_logits: torch.Tensor, head_logits: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy H(p_target, q_head) over positions (nats)."""
+    return -(F.softmax(target_logits, -1) * F.log_softmax(head_logits, -1)).sum(-1).mean()
+
+
+def eagle_losses(head: EagleHead, target: LlamaForCausalLM, batch: torch.Tensor, steps: int,
+                 noise_width: float = 0.0, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Per unroll step: feature regression ("reg"), token cross-entropy ("cls") and agreement of the head's
+    argmax with the target's ("acc") on `batch` (B, L) of windows."""
+    hidden, logits = target_view(target, batch)
+    chains = batch.shape[1] - steps
+    features = head.fuse_features(tuple(h[:, :chains] for h in hidden))
+    noise = None
+    if noise_width > 0:
+        gen = torch.Generator().manual_seed(seed)
+        noise = (torch.rand(features.shape, generator=gen) * 2 - 1).mul_(noise_width).to(features)
+    top = hidden[-1]
+    results = []
+    for s, out in enumerate(unroll(head, features, batch, steps, noise), start=1):
+        head_logits = head.logits(out)
+        want_logits = logits[:, s : s + chains]
+        results.append({
+            "reg": F.smooth_l1_loss(out, top[:, s : s + chains]),
+            "cls": soft_cross_entropy(want_logits, head_logits),
+            "acc": (head_logits.argmax(-1) == want_logits.argmax(-1)).float().mean(),
+        })
+    return results
+
+
+def train_head(head: EagleHead, target: LlamaForCausalLM, train_stream: torch.Tensor, val_stream: torch.Tensor,
+               recipe: EagleRecipe, workdir: Path, desc: str, max_minutes: float | None = None) -> dict:
+    """Train `head` on the frozen `target`; returns validation figures (per-step agreement with the target's
+    argmax when unrolled `EVAL_STEPS` steps, and the step-1 token loss) plus timing."""
+    target.eval().requires_grad_(False)
+    run = recipe.run
+    val = fixed_eval_batches(val_stream, run)
+
+    def loss_on_batch(step: int) -> torch.Tensor:
+        seed = run.seed * 1_000_003 + step
+        batch = sample_batch(train_stream, run.batch_size, run.seq_len, seed)
+        per_step = eagle_losses(head, target, batch, recipe.unroll_steps, recipe.feature_noise, seed)
+        total = sum(recipe.reg_weight * r["reg"] + recipe.cls_weight * r["cls"] for r in per_step)
+        return total / len(per_step)
+
+    def evaluate() -> dict:
+        sums: dict[str, float] = {}
+        for batch in val:
+            for s, r in enumerate(eagle_losses(head, target, batch, EVAL_STEPS), start=1):
+                for key, name in (("acc", f"acc{s}"), ("cls", f"cls{s}")):
+                    sums[name] = sums.get(name, 0.0) + r[key].item() / len(val)
+        return {k: round(v, 4) for k, v in sorted(sums.items())}
+
+    return train(head, loss_on_batch, evaluate, run, workdir, desc, max_minutes)
+
+
+def eagle_section(recipe_path: Path, target_layers: int) -> dict[str, EagleRecipe]:
+    """The recipe's "eagle" section, written with the defaults when missing (re-read just before writing:
+    other stages edit the same file)."""
+    section = ZooRecipe.load(recipe_path).extra.get("eagle")
+    if section is None:
+        section = {name: asdict(r) for name, r in default_recipes(target_layers).items()}
+        fresh = ZooRecipe.load(recipe_path)
+        fresh.extra["eagle"] = section
+        fresh.save(recipe_path)
+    return {name: EagleRecipe.from_dict(data) for name, data in section.items()}
+
+
+def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
+                    max_minutes: float | None = None) -> dict:
+    """Train one EAGLE head variant ("eagle1" or "eagle3") on the zoo target and write it into the zoo.
+
+    recipe_path: the zoo's recipe.json (its folder holds target/ and tokenizer/); workdir: checkpoints and
+    logs (resumed by the same call); max_minutes: pause, checkpointed, after this long.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown EAGLE variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    recipe_path = Path(recipe_path)
+    zoo_dir = recipe_path.parent
+    if not (zoo_dir / "target" / "config.json").exists():
+        raise FileNotFoundError(f"no target model in {zoo_dir / 'target'}: train the target first")
+    started = time.time()
+    zoo = ZooRecipe.load(recipe_path)
+    target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
+    recipe = eagle_section(recipe_path, target.config.num_hidden_layers)[variant]
+    workdir = Path(workdir) / zoo.name
+    train_stream, val_stream = token_streams(zoo, zoo_dir, workdir)
+    config = EagleConfig.from_target(target, recipe.feature_layers, variant)
+    torch.manual_seed(recipe.run.seed)
+    head = EagleHead(config).attach(target)
+    if recipe.init_from_layer is not None:
+        head.init_from_target_layer(target, recipe.init_from_layer)
+    result = train_head(head, target, train_stream, val_stream, recipe, workdir / variant, variant, max_minutes)
+    if not result["finished"]:
+        print(f"{variant}: paused at step {result['steps']}; run the same command again to resume")
+        return result
+    head.save(zoo_dir / VARIANTS[variant])
+    run = recipe.run
+    result.update(parameters=sum(p.numel() for p in head.parameters()), feature_layers=config.feature_layers,
+                  unroll_steps=recipe.unroll_steps, tokens_seen=run.steps * run.batch_size * run.seq_len,
+                  hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1))
+    record_result(zoo_dir, VARIANTS[variant], result)
+    return result

@@ -1,0 +1,204 @@
+"""`specdec export`: a completed lab notebook becomes an artifact folder; unfinished or broken input is refused.
+
+The lab-1 solution notebook (solutions/) is the completed work; blank releases are the same notebook with
+every solution region replaced as nbgrader does it (plus any release already generated into labs/). Small
+notebooks of our own cover the failure cases. Benchmarks run on tiny random models with the zoo tokenizer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from specdec_lab.cli import main
+from specdec_lab.export import ExportError, export, extract
+from specdec_lab.models import zoo_path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION = ROOT / "solutions" / "lab01_sampling" / "lab01_sampling.ipynb"
+SOLUTION_REGION = re.compile(r"### BEGIN SOLUTION\n.*?### END SOLUTION", re.S)
+
+CORRECT_VERIFY = '''
+def verify(draft_tokens, p, q, generator):
+    """Accepted prefix plus one target token."""
+    ### BEGIN SOLUTION
+    k = len(draft_tokens)
+    u = torch.rand(k, generator=generator)
+    for i, token in enumerate(draft_tokens.tolist()):
+        if not u[i] * q[i, token] < p[i, token]:
+            extra = (p[i] - q[i]).clamp(min=0)
+            extra = extra / extra.sum() if extra.sum() > 0 else p[i]
+            return draft_tokens[:i].tolist() + [int(torch.multinomial(extra, 1, generator=generator))]
+    return draft_tokens.tolist() + [int(torch.multinomial(p[k], 1, generator=generator))]
+    ### END SOLUTION
+'''
+
+
+def lab_notebook(path: Path, solution: str) -> Path:
+    """A small graded notebook with the lab structure: title, locked setup cell, solution cell, test cell."""
+    def nbgrader(**meta):
+        return {"nbgrader": {"schema_version": 3, "grade": False, "solution": False, "locked": False, **meta}}
+
+    cells = [
+        nbformat.v4.new_markdown_cell("# Lab 0: a tiny verification lab"),
+        nbformat.v4.new_code_cell("%matplotlib inline\nimport torch\ntorch.set_num_threads(1)",
+                                  metadata=nbgrader(grade_id="setup", locked=True)),
+        nbformat.v4.new_code_cell("TOLERANCE = 1e-6\n" + solution + "\nprint(verify)",
+                                  metadata=nbgrader(grade_id="verify", solution=True)),
+        nbformat.v4.new_code_cell("assert verify is not None",
+                                  metadata=nbgrader(grade_id="test_verify", grade=True, locked=True, points=1)),
+        nbformat.v4.new_code_cell("scratch = 1 / 0  # the student's own experiments are not exported"),
+    ]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), str(path))
+    return path
+
+
+def blank_release(solution: Path, path: Path) -> Path:
+    """The student version of a solution notebook, as `nbgrader generate_assignment` writes it."""
+    notebook = nbformat.read(str(solution), as_version=4)
+    for cell in notebook.cells:  # solution regions sit in function bodies, indented by four spaces
+        cell.source = SOLUTION_REGION.sub("# YOUR CODE HERE\n    raise NotImplementedError()", cell.source)
+    nbformat.write(notebook, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_paths(tmp_path_factory, llama_factory):
+    tokenizer = AutoTokenizer.from_pretrained(str(zoo_path() / "tokenizer"))
+    folder = tmp_path_factory.mktemp("export_models")
+    for name, seed, width in (("target", 0, 48), ("draft", 1, 32)):
+        model = llama_factory(vocab_size=len(tokenizer), hidden_size=width, num_layers=1, seed=seed,
+                              max_positions=1024, eos_token_id=tokenizer.eos_token_id, logit_scale=4.0)
+        model.save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
+    return {"target": str(folder / "target"), "draft": str(folder / "draft")}
+
+
+def run_export(notebook: Path, out: Path, model_paths: dict, **kw) -> Path:
+    return export(notebook, out, prompts=2, max_new_tokens=8, repeats=1, threads=1, log=lambda line: None,
+                  **model_paths, **kw)
+
+
+def import_artifact(folder: Path, name: str):
+    spec = importlib.util.spec_from_file_location(f"artifact_{name}", folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".partial-" in p.name or ".old-" in p.name]
+
+
+def test_exported_solution_imports_and_runs(model_paths, tmp_path):
+    out = run_export(SOLUTION, tmp_path / "artifact", model_paths)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "benchmark.json", "lab01_sampling.py",
+                                                     "report.html"]
+    module = import_artifact(out, "lab01_sampling")
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    q = torch.tensor([[0.0, 1.0, 0.0]])
+    assert module.verify(torch.tensor([1]), p, q, torch.Generator().manual_seed(0)) == [1, 2]
+    assert torch.allclose(module.residual(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])),
+                          torch.tensor([0.0, 1.0]))
+    result = json.loads((out / "benchmark.json").read_text())
+    greedy = result["sets"]["temperature 0"]["methods"]
+    assert greedy["yours"]["outputs_equal_to_baseline"] == greedy["reference"]["outputs_equal_to_baseline"] == 2
+    assert set(result["sets"]["temperature 1"]["methods"]) == {"plain", "reference", "yours"}
+    text = (out / "README.md").read_text()
+    for name in ("process_logits", "residual", "accepted_count", "verify", "first_token_histogram"):
+        assert f"`{name}`" in text
+    assert "on 2 of\n  2 prompts" in text or "2 of 2 prompts" in text.replace("\n  ", " ")
+    source = (out / "lab01_sampling.py").read_text()
+    assert "BEGIN SOLUTION" not in source and "figure.show()" not in source and "_checks" not in source
+    assert leftovers(tmp_path) == []
+
+
+def released_notebooks(tmp_path: Path) -> list[Path]:
+    generated = sorted((ROOT / "labs").glob("lab01*/*.ipynb"))
+    return [blank_release(SOLUTION, tmp_path / "lab01_sampling.ipynb"), *generated]
+
+
+def test_blank_release_is_refused_and_nothing_is_written(model_paths, tmp_path):
+    for notebook in released_notebooks(tmp_path):
+        out = tmp_path / "artifact"
+        with pytest.raises(ExportError, match=r"not finished: 5 exercise\(s\) still raise NotImplementedError "
+                                              r"\(process_logits, residual, accepted_count, verify"):
+            run_export(notebook, out, model_paths)
+        assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_cli_refuses_blank_release_with_a_clear_message(tmp_path, capsys):
+    notebook = blank_release(SOLUTION, tmp_path / "lab01_sampling.ipynb")
+    with pytest.raises(SystemExit, match="error: .*is not finished.*complete them, then export"):
+        main(["export", str(notebook), "--out", str(tmp_path / "artifact")])
+    assert not (tmp_path / "artifact").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{ this is not json", "not a readable Jupyter notebook"),
+    ('{"cells": 3, "metadata": {}}', "not a readable Jupyter notebook"),
+    ("def verify(): pass\n", "not a readable Jupyter notebook"),
+])
+def test_corrupt_files_are_refused(tmp_path, content, message):
+    notebook = tmp_path / "lab.ipynb"
+    notebook.write_text(content)
+    with pytest.raises(ExportError, match=message):
+        extract(notebook)
+
+
+def test_notebook_without_graded_cells_or_missing_is_refused(tmp_path):
+    plain = tmp_path / "plain.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), str(plain))
+    with pytest.raises(ExportError, match="no nbgrader solution cells"):
+        extract(plain)
+    with pytest.raises(ExportError, match="no such file"):
+        extract(tmp_path / "missing.ipynb")
+
+
+def test_own_notebook_keeps_definitions_and_drops_activity(tmp_path):
+    extracted = extract(lab_notebook(tmp_path / "lab00_tiny.ipynb", CORRECT_VERIFY))
+    assert extracted.lab == "lab00_tiny" and extracted.title == "Lab 0: a tiny verification lab"
+    assert list(extracted.functions) == ["verify"]
+    assert "import torch" in extracted.source and "def verify" in extracted.source
+    assert "TOLERANCE = 1e-6" in extracted.source  # literal constants stay: functions may read them
+    for activity in ("%matplotlib", "set_num_threads", "print(verify)", "1 / 0", "assert verify"):
+        assert activity not in extracted.source
+
+
+def test_wrong_rule_is_caught_by_the_benchmark(model_paths, tmp_path):
+    """p and q swapped in the residual: greedy outputs stop matching, and the artifact says so."""
+    swapped = CORRECT_VERIFY.replace("(p[i] - q[i])", "(q[i] - p[i])")
+    out = run_export(lab_notebook(tmp_path / "lab00_tiny.ipynb", swapped), tmp_path / "artifact", model_paths)
+    greedy = json.loads((out / "benchmark.json").read_text())["sets"]["temperature 0"]["methods"]
+    assert greedy["reference"]["outputs_equal_to_baseline"] == 2
+    assert greedy["yours"]["outputs_equal_to_baseline"] < 2
+
+
+def test_malformed_verify_output_is_refused(model_paths, tmp_path):
+    """A verify that forgets the target's own token cannot drive the engine; nothing is written."""
+    no_bonus = CORRECT_VERIFY.replace(" + [int(torch.multinomial(p[k], 1, generator=generator))]", "")
+    no_bonus = no_bonus.replace(" + [int(torch.multinomial(extra, 1, generator=generator))]", "")
+    notebook = lab_notebook(tmp_path / "lab00_tiny.ipynb", no_bonus)
+    with pytest.raises(ExportError, match="exactly one target token"):
+        run_export(notebook, tmp_path / "artifact", model_paths)
+    assert not (tmp_path / "artifact").exists() and leftovers(tmp_path) == []
+
+
+def test_existing_folder_needs_force(model_paths, tmp_path):
+    out = tmp_path / "artifact"
+    out.mkdir()
+    (out / "old.txt").write_text("keep me unless forced")
+    notebook = lab_notebook(tmp_path / "lab00_tiny.ipynb", CORRECT_VERIFY)
+    with pytest.raises(ExportError, match="already exists.*--force"):
+        run_export(notebook, out, model_paths)
+    assert (out / "old.txt").exists()
+    run_export(notebook, out, model_paths, force=True)
+    assert not (out / "old.txt").exists() and (out / "lab00_tiny.py").exists()
+    assert leftovers(tmp_path) == []

@@ -1,0 +1,139 @@
+"""Medusa heads and drafter in the one decode loop: greedy equality, lossless sampling, typical is lossy.
+
+Random heads on a tiny random target are enough for the correctness contract (equality and losslessness
+hold for any heads); the shipped zoo heads are checked on held-out prompts as well.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import specdec_lab as sd
+from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
+from specdec_lab.models import zoo_path
+from specdec_lab.sampling import SamplingConfig, process_logits
+from specdec_lab.tree import sparse_tree
+
+TREE = sparse_tree([[0.5, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.2, 0.1]], budget=12)
+
+
+def random_heads(hidden_size: int, num_heads: int, std: float, seed: int) -> MedusaHeads:
+    heads = MedusaHeads(hidden_size, num_heads)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.weight.copy_(std * torch.randn(block.weight.shape, generator=gen))
+    return heads.eval()
+
+
+def assert_same_or_near_tie(target, prompt: list[int], ours: list[int], plain: list[int]) -> None:
+    """Equal to plain greedy decoding, except where the target's top-2 logits are within 1e-4 (a numeric tie)."""
+    if ours == plain:
+        return
+    first = next(i for i, (a, b) in enumerate(zip(ours, plain, strict=False)) if a != b)
+    with torch.no_grad():
+        logits = target(input_ids=torch.tensor([prompt + plain[:first]])).logits[0, -1]
+    top2 = logits.topk(2).values
+    assert float(top2[0] - top2[1]) < 1e-4, f"diverged from plain greedy at token {first} without a near-tie"
+
+
+@pytest.mark.parametrize("tree", [TREE, "chain"], ids=["sparse-tree", "chain"])
+def test_greedy_medusa_equals_plain_decoding(tiny_target, prompts, tree):
+    drafter = MedusaDrafter(random_heads(48, 3, std=0.05, seed=0), tree=tree)
+    non_contiguous = 0
+    for prompt in prompts:
+        steps = []
+        plain = sd.generate(tiny_target, prompt, max_new_tokens=40)
+        out = sd.generate(tiny_target, prompt, drafter=drafter, max_new_tokens=40, on_step=steps.append)
+        assert_same_or_near_tie(tiny_target, prompt, out.tokens, plain.tokens)
+        assert out.stats.target_forwards < plain.stats.target_forwards
+        paths = [s.verdict.path for s in steps if getattr(s.verdict, "path", None)]
+        non_contiguous += sum(path[-1] != len(path) - 1 for path in paths)
+    if tree is TREE:  # the test exercised the cache's path selection, not only prefix crops
+        assert non_contiguous > 10
+
+
+def test_typical_acceptance_at_temperature_zero_is_greedy(tiny_target, prompts):
+    drafter = MedusaDrafter(random_heads(48, 3, std=0.05, seed=0), tree=TREE, acceptance="typical")
+    for prompt in prompts[:5]:
+        plain = sd.generate(tiny_target, prompt, max_new_tokens=30)
+        assert sd.generate(tiny_target, prompt, drafter=drafter, max_new_tokens=30).tokens == plain.tokens
+
+
+def exact_joint_of_tokens_2_and_3(model, prompt: list[int], config: SamplingConfig) -> torch.Tensor:
+    """P(second, third new token) under target-only sampling, by enumerating every 3-token continuation."""
+    vocab = model.config.vocab_size
+    pairs = torch.tensor(list(itertools.product(range(vocab), repeat=2)))
+    with torch.no_grad():
+        p1 = process_logits(model(torch.tensor([prompt])).logits[0, -1], config)
+        p2 = process_logits(model(torch.cat([torch.tensor(prompt).repeat(vocab, 1),
+                                             torch.arange(vocab)[:, None]], 1)).logits[:, -1], config)
+        p3 = process_logits(model(torch.cat([torch.tensor(prompt).repeat(vocab**2, 1), pairs], 1)).logits[:, -1],
+                            config).reshape(vocab, vocab, vocab)
+    return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
+
+
+def sample_tokens_2_and_3(model, drafter, prompt, runs: int) -> torch.Tensor:
+    vocab = model.config.vocab_size
+    counts = torch.zeros(vocab, vocab)
+    for seed in range(runs):
+        out = sd.generate(model, prompt, drafter=drafter, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed)
+        counts[out.tokens[1], out.tokens[2]] += 1
+    return counts
+
+
+def test_medusa_sampling_is_lossless_and_typical_is_not(llama_factory, chi_square):
+    """Sampled trees (4 children wanted at depth 1, only 3 tokens in q under top-k = 3) through `generate`."""
+    model = llama_factory(vocab_size=8, hidden_size=16, num_layers=1, seed=5, logit_scale=2.0)
+    heads = random_heads(16, 2, std=0.5, seed=0)
+    tree = [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0)]
+    prompt = [1, 2]
+    joint = exact_joint_of_tokens_2_and_3(model, prompt, SamplingConfig(1.0, top_k=3))
+    lossless = sample_tokens_2_and_3(model, MedusaDrafter(heads, tree), prompt, runs=1500)
+    assert chi_square(lossless, joint) > 1e-3
+    typical = sample_tokens_2_and_3(model, MedusaDrafter(heads, tree, acceptance="typical"), prompt, runs=300)
+    assert chi_square(typical, joint) < 1e-6
+
+
+def test_heads_round_trip_through_a_folder(tmp_path):
+    heads = random_heads(16, 3, std=0.1, seed=1)
+    heads.tree, heads.card = TREE, {"top1": [0.5, 0.3, 0.2]}
+    heads.save(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors"}
+    loaded = MedusaHeads.load(tmp_path)
+    assert loaded.tree == TREE and loaded.card == heads.card and loaded.num_heads == 3
+    hidden = torch.randn(5, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(hidden), heads(hidden), atol=2e-3, rtol=1e-3)  # fp16 on disk
+    assert MedusaDrafter(loaded).choices == TREE  # the saved tree is the default
+
+
+def test_bad_inputs_are_named(tiny_target, tmp_path):
+    with pytest.raises(ValueError, match="acceptance must be"):
+        MedusaDrafter(random_heads(48, 2, 0.1, 0), acceptance="greedy")
+    with pytest.raises(ValueError, match="1..2 non-negative ranks"):
+        MedusaDrafter(random_heads(48, 2, 0.1, 0), tree=[(0,), (0, 0, 0)])
+    with pytest.raises(ValueError, match="hidden size"):
+        sd.generate(tiny_target, [1, 2, 3], drafter=MedusaDrafter(random_heads(32, 2, 0.1, 0)), max_new_tokens=4)
+    with pytest.raises(FileNotFoundError, match="no Medusa heads"):
+        MedusaHeads.load(tmp_path)
+
+
+def test_zoo_heads_equal_plain_greedy_on_heldout_prompts():
+    """The shipped heads on the shipped target: 20 held-out prompts (signature + docstring), 48 new tokens."""
+    from specdec_lab.train.corpus import heldout_prompts
+
+    zoo = zoo_path()
+    target, tokenizer = sd.load_model(zoo / "target", device="cpu")
+    drafter = MedusaDrafter.from_pretrained(zoo / "medusa", target)
+    accepted = 0
+    for text in heldout_prompts(20):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        plain = sd.generate(target, ids, max_new_tokens=48)
+        out = sd.generate(target, ids, drafter=drafter, max_new_tokens=48)
+        assert_same_or_near_tie(target, ids, out.tokens, plain.tokens)
+        accepted += out.stats.accepted
+    assert accepted > 0
