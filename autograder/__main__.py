@@ -3,6 +3,7 @@
     python -m autograder grade LAB SUBMISSIONS --out DIR   # folder or LMS zip -> grades.csv, feedback, notebooks
     python -m autograder release [LAB ...]                 # regenerate labs/ from solutions/ with nbgrader
     python -m autograder fixtures LAB DEST                 # write the simulated submissions of LAB into DEST
+    python -m autograder bench LAB --students 40           # time the grading of a simulated class
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     fix = sub.add_parser("fixtures", help="write the simulated submissions of a lab")
     fix.add_argument("lab")
     fix.add_argument("dest", type=Path)
+    bench = sub.add_parser("bench", help="grade a simulated class and report the wall time")
+    bench.add_argument("lab")
+    bench.add_argument("--students", type=int, default=40)
     args = parser.parse_args(argv)
 
     try:
@@ -46,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "release":
             for lab in args.labs or pipeline.list_labs():
                 print(pipeline.release(lab, pipeline.LABS / lab))
+        elif args.command == "bench":
+            bench_class(args.lab, args.students)
         else:
             from autograder import fixtures
 
@@ -61,6 +67,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def bench_class(lab: str, students: int) -> None:
+    """Grade `students` simulated submissions of `lab` (the solution and its classic mistakes, in turn)."""
+    import tempfile
+
+    import nbformat
+
+    from autograder import fixtures, pipeline
+
+    pipeline.check_lab(lab)
+    release = nbformat.read(pipeline.LABS / lab / f"{lab}.ipynb", as_version=4)
+    wanted = {"solution", *fixtures.LABS[lab].mistakes}
+    honest = [f for f in fixtures.fixtures(lab, release) if f.name in wanted]
+    with tempfile.TemporaryDirectory(prefix="specdec-bench-") as tmp:
+        folder = Path(tmp) / "class"
+        folder.mkdir()
+        for i in range(students):
+            nbformat.write(honest[i % len(honest)].notebook, folder / f"student{i:03d}_{lab}.ipynb")
+        started = time.perf_counter()
+        results = pipeline.grade(lab, folder, Path(tmp) / "out")
+        seconds = time.perf_counter() - started
+    full = sum(r.score == r.max_score for r in results)
+    print(f"{lab}: {len(results)} submissions graded in {seconds:.1f} s wall "
+          f"({seconds / len(results):.2f} s per submission); {full} with full marks")
 
 
 if __name__ == "__main__":

@@ -150,9 +150,8 @@ def write(fixtures_: list[Fixture], dest: Path) -> None:
             nbformat.write(fixture.notebook, path)
 
 
-LAB01 = "lab01_sampling"
 LABS: dict[str, LabFixtures] = {
-    LAB01: LabFixtures(
+    "lab01_sampling": LabFixtures(
         target_cell="process_logits",
         target_tests={"test_process_logits", "test_process_logits_hidden"},
         reference_import=("from specdec_lab.sampling import SamplingConfig, process_logits as reference\n\n\n"
@@ -160,14 +159,85 @@ LABS: dict[str, LabFixtures] = {
                           "    return reference(logits, SamplingConfig(temperature, top_k))\n"),
         mistakes={
             "pq_swapped": Mistake("accepted_count", "u[i] * q[i, token] < p[i, token]",
-                                  "u[i] * p[i, token] < q[i, token]", set()),
+                                  "u[i] * p[i, token] < q[i, token]",
+                                  {"test_accepted_count_hidden", "test_verify_rejection_hidden",
+                                   "test_histogram_hidden"}),
             "residual_not_normalised": Mistake("residual", "return excess / total if total > 0 else p",
-                                               "return excess if total > 0 else p", set()),
-            "residual_not_clipped": Mistake("residual", "excess = (p - q).clamp(min=0)", "excess = p - q", set()),
+                                               "return excess if total > 0 else p",
+                                               {"test_residual", "test_residual_hidden"}),
+            "residual_not_clipped": Mistake("residual", "excess = (p - q).clamp(min=0)", "excess = p - q",
+                                            {"test_residual", "test_residual_hidden", "test_verify_rejection_hidden",
+                                             "test_histogram_hidden"}),
             "bonus_missing": Mistake("verify", "return draft_tokens[:n].tolist() + [int(extra)]",
-                                     "return draft_tokens[:n].tolist() + ([int(extra)] if n < k else [])", set()),
+                                     "return draft_tokens[:n].tolist() + ([int(extra)] if n < k else [])",
+                                     {"test_verify", "test_verify_bonus_hidden"}),
             "bonus_wrong_position": Mistake("verify", "torch.multinomial(p[k], 1", "torch.multinomial(p[k - 1], 1",
-                                            set()),
+                                            {"test_verify", "test_verify_bonus_hidden"}),
+        },
+    ),
+    "lab02_loop": LabFixtures(
+        target_cell="formulas",
+        target_tests={"test_formulas", "test_formulas_hidden"},
+        reference_import=("from specdec_lab.theory import expected_speedup, expected_tokens_per_step\n"),
+        mistakes={
+            "greedy_draft_softmax_q": Mistake("draft", "token = int(torch.multinomial(q, 1, generator=generator))",
+                                              "token = int(q.argmax())",
+                                              {"test_draft_sampling_hidden", "test_step_lossless_hidden"}),
+            "temperature_only_on_target": Mistake("draft", "q = probs(forward(model, feed, cache)[-1], temperature)",
+                                                  "q = probs(forward(model, feed, cache)[-1], min(temperature, 1.0) "
+                                                  "and 1.0)", {"test_draft_temperature_hidden"}),
+            "temperature_only_on_draft": Mistake("speculative_step", "dec.target_cache), dec.temperature)",
+                                                 "dec.target_cache), min(dec.temperature, 1.0) and 1.0)",
+                                                 {"test_step_lossless_hidden"}),
+            "cache_not_rolled_back": Mistake("speculative_step", "crop(dec.target_cache, context + accepted)\n", "",
+                                             {"test_step", "test_step_cache_hidden", "test_generate_eos_hidden"}),
+            "cache_rolled_back_too_far": Mistake("speculative_step", "crop(dec.target_cache, context + accepted)",
+                                                 "crop(dec.target_cache, context + accepted - 1)",
+                                                 {"test_step", "test_step_cache_hidden", "test_generate_eos_hidden"}),
+            "emits_past_eos": Mistake("generate", "    if eos in new:\n        new = new[: new.index(eos) + 1]\n",
+                                      "", {"test_generate_eos_hidden"}),
+            "bonus_not_counted": Mistake("formulas", "(1 - alpha ** (k + 1)) / (1 - alpha)",
+                                         "(1 - alpha ** k) / (1 - alpha)", {"test_formulas_hidden"}),
+        },
+    ),
+    "lab03_trees": LabFixtures(
+        target_cell="tree_attention_mask",
+        target_tests={"test_mask", "test_mask_hidden"},
+        reference_import=("from specdec_lab.tree import slot_visibility\n\n\n"
+                          "def tree_attention_mask(parents):\n    return slot_visibility(tuple(parents))\n"),
+        mistakes={
+            "mask_parent_only": Mistake("tree_attention_mask", "node = parents[node]",
+                                        "node = parents[node] if node == i else -1", {"test_mask_hidden"}),
+            "mask_without_self": Mistake("tree_attention_mask", "mask[i, node] = True", "mask[i, node] = node != i",
+                                         {"test_mask", "test_mask_hidden"}),
+            "positions_by_index": Mistake("tree_position_ids", "return torch.tensor(depth, dtype=torch.long) + start",
+                                          "return torch.arange(len(parents)) + start", {"test_positions_hidden"}),
+            "bonus_from_first_node": Mistake("verify_tree", "return path, wanted",
+                                             "return path, predictions[path[0]] if path else wanted",
+                                             {"test_verify_tree", "test_verify_tree_bonus_hidden"}),
+            "medusa_one_head": Mistake("medusa_tree", "head_top[len(choice) - 1][choice[-1]]",
+                                       "head_top[0][choice[-1]]",
+                                       {"test_medusa", "test_medusa_hidden"}),
+        },
+    ),
+    "lab04_eagle": LabFixtures(
+        target_cell="eagle_chain",
+        target_tests={"test_chain", "test_chain_hidden"},
+        reference_import=("from specdec_lab.drafters.eagle import EagleDrafter\n\n\n"
+                          "def eagle_chain(feature, token, k):\n"
+                          "    return EagleDrafter.chain(head, feature, token, k)\n"),
+        mistakes={
+            "no_token_shift": Mistake("eagle_training_pairs", "features[:-1], tokens[1:], features[1:]",
+                                      "features[:-1], tokens[:-1], features[1:]", {"test_pairs_hidden"}),
+            "chain_reuses_first_feature": Mistake("eagle_chain", "        feature = head(feature, token)\n"
+                                                  "        token = int(logits_of(feature).argmax())",
+                                                  "        token = int(logits_of(head(feature, token)).argmax())",
+                                                  {"test_chain_hidden"}),
+            "parents_not_renumbered": Mistake("select_nodes", "[position[parents[node]] if parents[node] != -1 else -1 "
+                                              "for node in kept]", "[parents[node] for node in kept]",
+                                              {"test_select_hidden", "test_dynamic_tree_hidden"}),
+            "ranked_by_local_probability": Mistake("dynamic_tree", "scores.append(score + child_logp)",
+                                                   "scores.append(child_logp)", {"test_dynamic_tree_hidden"}),
         },
     ),
 }

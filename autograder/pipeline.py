@@ -187,9 +187,9 @@ def unpack(source: Path, workdir: Path) -> Path:
     try:
         with zipfile.ZipFile(source) as archive:
             for info in archive.infolist():
-                parts = Path(info.filename).parts
-                if info.is_dir() or not info.filename.endswith(".ipynb") or ".." in parts or info.filename.startswith("/"):
-                    continue
+                unsafe = ".." in Path(info.filename).parts or info.filename.startswith("/")
+                if info.is_dir() or unsafe or not info.filename.endswith(".ipynb"):
+                    continue  # only notebooks, and never outside the extraction folder
                 if info.file_size > MAX_NOTEBOOK_BYTES:
                     raise GradingError(f"{info.filename} in {source.name} is larger than {MAX_NOTEBOOK_BYTES} bytes")
                 (target / info.filename).parent.mkdir(parents=True, exist_ok=True)

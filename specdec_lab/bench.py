@@ -644,7 +644,7 @@ def run_benchmark(config: BenchConfig, pair: ModelPair | None = None) -> dict:
     config.check()
     methods = select_methods(config.methods)
     torch.set_num_threads(config.threads)
-    pair = pair or load_pair(target=config.target, draft=config.draft)
+    pair = pair or load_models(config)
     context = BenchContext(pair, config, default_eos(pair.target))
     runners, skipped = build_runners(context, methods)
     methods = [m for m in methods if m.name in runners]
@@ -675,6 +675,16 @@ def run_benchmark(config: BenchConfig, pair: ModelPair | None = None) -> dict:
         "sets": sets,
         "skipped": skipped,
     }
+
+
+def load_models(config: BenchConfig) -> ModelPair:
+    """The pair to measure: `config.target` / `config.draft`, or the zoo's. A zoo whose draft is not trained
+    yet still gives its target, so the methods without a draft model run and the others are reported skipped."""
+    zoo = zoo_path()
+    if config.target is None and config.draft is None and not (zoo / "draft" / "config.json").exists() \
+            and (zoo / "target" / "config.json").exists():
+        return load_pair(target=zoo / "target")
+    return load_pair(target=config.target, draft=config.draft)
 
 
 def summarise_set(records: dict[str, MethodRecord], prompts: list[Prompt], config: BenchConfig, costs: dict,

@@ -11,10 +11,11 @@ import argparse
 import sys
 import time
 
+# Prompts end without a trailing newline: the tokenizer merges a newline with the next line's indentation.
 DEMO_PROMPTS = [
-    'def is_prime(n):\n    """Return True if n is a prime number."""\n',
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-    "import os\n\n\ndef list_python_files(folder):\n",
+    'def is_prime(n):\n    """Return True if n is a prime number."""',
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):",
+    "import os\n\n\ndef list_python_files(folder):",
 ]
 
 
@@ -28,6 +29,11 @@ def build_drafter(method: str, pair, k: int):
         return sd.DraftModelDrafter(pair.draft, k=k)
     if method == "lookup":
         return sd.PromptLookupDrafter(k=k)
+    if method == "medusa":
+        try:
+            return sd.MedusaDrafter.from_pretrained(sd.zoo_path() / "medusa", pair.target)
+        except FileNotFoundError as error:
+            raise SystemExit(f"error: {error}") from None
     raise SystemExit(f"unknown method {method!r}")
 
 
@@ -168,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete a prompt and print the text and the decoding statistics")
     gen.add_argument("prompt", help="text to continue")
-    gen.add_argument("--method", choices=["plain", "draft", "lookup"], default="draft",
-                     help="plain autoregressive, draft-model speculation, or prompt lookup (default: draft)")
+    gen.add_argument("--method", choices=["plain", "draft", "lookup", "medusa"], default="draft",
+                     help="plain autoregressive, draft-model speculation, prompt lookup, or the zoo's Medusa "
+                          "heads (default: draft)")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per step (default: 4)")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")

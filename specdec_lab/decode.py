@@ -226,7 +226,9 @@ def generate(
     autoregressive decoding); temperature / top_k / top_p: sampling settings applied to target and draft
     alike (temperature 0 = greedy); seed: seeds the run's only random generator; eos_token_id: stop after
     emitting this id (None = the model's own EOS); on_step: called with a `StepRecord` after every
-    verification step (for visualisations). The output is distributed exactly as target-only sampling.
+    verification step (for visualisations). The output is distributed exactly as target-only sampling,
+    unless the drafter explicitly asks for a LOSSY rule (Medusa's typical acceptance,
+    `MedusaDrafter(acceptance="typical")`), whose output is not.
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -283,6 +285,7 @@ def generate(
         else:
             logits, verdict, emitted, hidden, depth = tree_step(target, draft, state, cache, want_hidden,
                                                                 remaining - 1)
+            # A tree counts as a draft as long as its deepest path: per-position acceptance is per depth.
             stats.record_step(depth, verdict.accepted)
         stats.target_forwards += 1
         if eos in emitted:

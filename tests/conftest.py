@@ -115,3 +115,31 @@ def make_bigram_llama(transition_logits: torch.Tensor, context_scale: float = 10
             layer.self_attn.o_proj.weight.mul_(context_scale)
             layer.mlp.down_proj.weight.mul_(context_scale)
     return model
+
+
+@pytest.fixture(scope="session")
+def saved_models(tmp_path_factory):
+    """Tiny random target and draft saved like the zoo: `<root>/tokenizer`, `<root>/target`, `<root>/draft`
+    (the zoo's real tokenizer in the sibling folder), plus `<root>/standalone`, a model folder that holds
+    its own copy of the tokenizer, and `<root>/other-vocab`, a model whose tokenizer has a different
+    vocabulary. Returns the root folder."""
+    from transformers import AutoTokenizer
+
+    from specdec_lab.models import zoo_path
+
+    root = tmp_path_factory.mktemp("saved-models")
+    tokenizer = AutoTokenizer.from_pretrained(str(zoo_path() / "tokenizer"))
+    tokenizer.save_pretrained(str(root / "tokenizer"))
+    vocab = len(tokenizer)
+    eos = tokenizer.eos_token_id
+    make_llama(vocab_size=vocab, hidden_size=32, num_layers=2, seed=0, eos_token_id=eos).save_pretrained(
+        str(root / "target"))
+    make_llama(vocab_size=vocab, hidden_size=16, num_layers=1, seed=1, eos_token_id=eos).save_pretrained(
+        str(root / "draft"))
+    standalone = make_llama(vocab_size=vocab, hidden_size=16, num_layers=1, seed=2, eos_token_id=eos)
+    standalone.save_pretrained(str(root / "standalone"))
+    tokenizer.save_pretrained(str(root / "standalone"))
+    other = tokenizer.train_new_from_iterator(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300)
+    make_llama(vocab_size=len(other), hidden_size=16, num_layers=1, seed=3).save_pretrained(str(root / "other-vocab"))
+    other.save_pretrained(str(root / "other-vocab"))
+    return root

@@ -1,7 +1,7 @@
 """`specdec export`: a completed lab notebook becomes an artifact folder; unfinished or broken input is refused.
 
-The lab-1 solution notebook (solutions/) is the completed work; blank releases are the same notebook with
-every solution region replaced as nbgrader does it (plus any release already generated into labs/). Small
+The lab solution notebooks (solutions/) are the completed work; blank releases are the same notebooks with
+every solution region replaced as nbgrader does it (plus the releases already generated into labs/). Small
 notebooks of our own cover the failure cases. Benchmarks run on tiny random models with the zoo tokenizer.
 """
 
@@ -23,6 +23,7 @@ from specdec_lab.models import zoo_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "solutions" / "lab01_sampling" / "lab01_sampling.ipynb"
+LOOP_SOLUTION = ROOT / "solutions" / "lab02_loop" / "lab02_loop.ipynb"
 SOLUTION_REGION = re.compile(r"### BEGIN SOLUTION\n.*?### END SOLUTION", re.S)
 
 CORRECT_VERIFY = '''
@@ -120,16 +121,30 @@ def test_exported_solution_imports_and_runs(model_paths, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_exported_loop_lab_imports_and_runs(model_paths, tmp_path):
+    """Lab 2: the student's whole loop runs on the benchmark pair and matches greedy decoding."""
+    out = run_export(LOOP_SOLUTION, tmp_path / "artifact", model_paths)
+    module = import_artifact(out, "lab02_loop")
+    tokens, forwards = module.generate(module.PROMPT, 10, k=3)  # on the lab's own tiny models
+    assert len(tokens) == 10 and 1 <= forwards <= 10
+    greedy = json.loads((out / "benchmark.json").read_text())["sets"]["temperature 0"]["methods"]
+    assert greedy["yours"]["outputs_equal_to_baseline"] == 2
+    assert greedy["yours"]["tau"] == pytest.approx(greedy["reference"]["tau"], abs=0.01)
+    assert "my loop" in (out / "README.md").read_text()
+
+
 def released_notebooks(tmp_path: Path) -> list[Path]:
-    generated = sorted((ROOT / "labs").glob("lab01*/*.ipynb"))
-    return [blank_release(SOLUTION, tmp_path / "lab01_sampling.ipynb"), *generated]
+    """Every solution notebook made blank, plus the releases already generated into labs/."""
+    blanks = [blank_release(path, tmp_path / path.name) for path in sorted((ROOT / "solutions").glob("lab*/*.ipynb"))]
+    return blanks + sorted((ROOT / "labs").glob("lab*/*.ipynb"))
 
 
 def test_blank_release_is_refused_and_nothing_is_written(model_paths, tmp_path):
-    for notebook in released_notebooks(tmp_path):
+    notebooks = released_notebooks(tmp_path)
+    assert len(notebooks) >= 2
+    for notebook in notebooks:
         out = tmp_path / "artifact"
-        with pytest.raises(ExportError, match=r"not finished: 5 exercise\(s\) still raise NotImplementedError "
-                                              r"\(process_logits, residual, accepted_count, verify"):
+        with pytest.raises(ExportError, match=r"is not finished: \d+ exercise\(s\) still raise NotImplementedError"):
             run_export(notebook, out, model_paths)
         assert not out.exists() and leftovers(tmp_path) == []
 

@@ -136,6 +136,8 @@ def test_tree_view_walks_steps_and_paths(tokenizer, capsys):
     assert "accepted 0 tokens" in capsys.readouterr().out
     with pytest.raises(ValueError, match="no draft trees"):
         TreeView([], tokenizer.decode)
+    starts_empty = TreeView([(toy_tree([], []), []), (chain, [0])], tokenizer.decode, static=True)
+    assert starts_empty.step.value == 2 and starts_empty.accepted == [0]  # the first non-empty step is shown
 
 
 def test_trees_from_a_chain_run(pair):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 _allclose = torch.allclose
-_equal = torch.equal
 _isfinite = torch.isfinite
 
 
@@ -21,11 +20,6 @@ def close(actual, expected: torch.Tensor, atol: float = 1e-5) -> bool:
         return False
     actual = actual.detach().float()
     return bool(_isfinite(actual).all()) and _allclose(actual, expected.float(), atol=atol, rtol=0)
-
-
-def same(actual: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Exact equality of two tensors (shape and values)."""
-    return isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(expected.shape) and _equal(actual, expected)
 
 
 def total_variation(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -4,7 +4,6 @@ losslessness of a step, stopping at EOS, and the tokens-per-step formula."""
 from __future__ import annotations
 
 import torch
-
 from checks._common import close, require, total_variation
 
 CONTEXT = [9, 30, 2, 51, 14, 33]

@@ -4,7 +4,6 @@ renumbered parents, and the EAGLE-2 dynamic tree against an independent implemen
 from __future__ import annotations
 
 import torch
-
 from checks._common import close, require
 
 
@@ -51,7 +50,7 @@ def reference_tree(head, logits_of, feature, token, depth, top_k, budget):
         level = []
         for node, score in frontier:
             values, indices = torch.log_softmax(logits_of(features[node]), dim=-1).topk(top_k)
-            for value, child in zip(values.tolist(), indices.tolist()):
+            for value, child in zip(values.tolist(), indices.tolist(), strict=True):
                 tokens.append(child)
                 parents.append(node)
                 scores.append(score + value)

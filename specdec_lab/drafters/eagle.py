@@ -240,6 +240,16 @@ class EagleDrafter(Drafter):
     head: an `EagleHead` (attached to the target it is used with); mode: "chain" or "tree"; depth: tokens
     per chain, or the tree's maximum depth; top_k: children per expanded node and nodes expanded per depth
     (tree mode); total_tokens: tree nodes kept after the final rerank (the verification budget).
+
+    Losslessness when sampling. Chain mode draws each token from the head's processed distribution q
+    (temperature / top-k / top-p applied as to the target) and hands q to the chain rule of Leviathan et al.
+    Tree mode keeps EAGLE-2's construction on the processed q: top-k children, distinct siblings, reranking
+    by cumulative log q. That tree is a function of the context alone and is fixed before the verifier
+    draws any random number, so, given the context and its earlier siblings, each node was "drawn" from a
+    point mass at its own token. The shared multi-candidate rule (`verify_tree_rejection`) is exact for that
+    case (probs=None): it accepts a child x with probability p(x) under the current residual p and, on
+    rejection, removes x's mass from p. Drawing children at random and then keeping the likeliest ones
+    would not be lossless: a kept child would no longer be distributed as the q the rule is told about.
     """
 
     needs_hidden_states = True

@@ -172,7 +172,8 @@ class MedusaDrafter(Drafter):
         tokens = table[head.to(table.device), rank.to(table.device)] if len(parents) else table.new_empty(0)
         node_probs = torch.stack([probs[h][r] for h, r in zip(head.tolist(), rank.tolist(), strict=True)]) \
             if probs is not None and len(parents) else None
-        return Draft(tokens, node_probs, info={"head_logits": logits}, parents=parents.to(tokens.device),
+        info = {"head_logits": logits, "depth": int(head.max()) + 1 if len(head) else 0}
+        return Draft(tokens, node_probs, info=info, parents=parents.to(tokens.device),
                      lossy_typical=self.typical if self.acceptance == "typical" else None)
 
     @staticmethod

@@ -92,6 +92,7 @@ def heldout_prompts(count: int = 100, corpus: Corpus | None = None) -> list[str]
     """Prompts from the validation files: a function's signature and docstring, ready to be completed.
 
     count: how many (in corpus order, at most one per function); corpus: where to read (default: stdlib).
+    Each prompt ends right after the docstring's closing quotes (no trailing newline).
     Models never saw these files in training, so completions measure generalisation, not recall.
     """
     corpus = corpus or load_corpus()
@@ -114,7 +115,9 @@ def heldout_prompts(count: int = 100, corpus: Corpus | None = None) -> list[str]
             start = node.lineno - 1 - len(node.decorator_list)
             text = "".join(lines[start : first.end_lineno])
             indent = len(text) - len(text.lstrip())
-            prompts.append(textwrap.dedent(text) if indent else text)
+            # End at the closing quotes, not after the newline: the tokenizer merges a newline with the next
+            # line's indentation, so a prompt ending in a bare newline would look like a dedent to the model.
+            prompts.append((textwrap.dedent(text) if indent else text).rstrip("\n"))
             if len(prompts) == count:
                 return prompts
     return prompts

@@ -21,6 +21,7 @@ keeps the token loss only (a fused input has no single feature to regress) and u
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -168,7 +169,11 @@ def train_head(head: EagleHead, target: LlamaForCausalLM, train_stream: torch.Te
                     sums[name] = sums.get(name, 0.0) + r[key].item() / len(val)
         return {k: round(v, 4) for k, v in sorted(sums.items())}
 
-    return train(head, loss_on_batch, evaluate, run, workdir, desc, max_minutes)
+    result = train(head, loss_on_batch, evaluate, run, workdir, desc, max_minutes)
+    if not result["finished"]:  # paused: report where the head stands now, not at its last evaluation
+        with torch.no_grad():
+            result.update(evaluate())
+    return result
 
 
 def eagle_section(recipe_path: Path, target_layers: int) -> dict[str, EagleRecipe]:
@@ -184,11 +189,13 @@ def eagle_section(recipe_path: Path, target_layers: int) -> dict[str, EagleRecip
 
 
 def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
-                    max_minutes: float | None = None) -> dict:
+                    max_minutes: float | None = None, export_partial: bool = False) -> dict:
     """Train one EAGLE head variant ("eagle1" or "eagle3") on the zoo target and write it into the zoo.
 
     recipe_path: the zoo's recipe.json (its folder holds target/ and tokenizer/); workdir: checkpoints and
-    logs (resumed by the same call); max_minutes: pause, checkpointed, after this long.
+    logs (resumed by the same call); max_minutes: pause, checkpointed, after this long; export_partial:
+    when paused, still write the head as it stands (its record says how many steps it had), for a fixed
+    wall-clock budget on a shared machine. A later call resumes and overwrites it.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown EAGLE variant {variant!r}; choose from {', '.join(VARIANTS)}")
@@ -210,11 +217,116 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     result = train_head(head, target, train_stream, val_stream, recipe, workdir / variant, variant, max_minutes)
     if not result["finished"]:
         print(f"{variant}: paused at step {result['steps']}; run the same command again to resume")
-        return result
+        if not export_partial:
+            return result
     head.save(zoo_dir / VARIANTS[variant])
     run = recipe.run
     result.update(parameters=sum(p.numel() for p in head.parameters()), feature_layers=config.feature_layers,
-                  unroll_steps=recipe.unroll_steps, tokens_seen=run.steps * run.batch_size * run.seq_len,
+                  unroll_steps=recipe.unroll_steps, planned_steps=run.steps,
+                  tokens_seen=result["steps"] * run.batch_size * run.seq_len,
                   hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1))
     record_result(zoo_dir, VARIANTS[variant], result)
     return result
+
+
+# --- Measuring the shipped heads (a script, not a test: `python -m specdec_lab.train.eagle --help`) ----------
+
+
+def run_timed(target, ids: list[int], drafter, max_new_tokens: int) -> tuple[list[int], float, float]:
+    """One greedy generation: its tokens, tau, and wall seconds."""
+    from specdec_lab.decode import generate
+
+    started = time.perf_counter()
+    out = generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens)
+    return out.tokens, out.stats.mean_accepted_tokens, time.perf_counter() - started
+
+
+def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, tree_depth: int = 6,
+                  top_k: int = 8, budgets: tuple[int, ...] = (8, 16, 24, 32, 48),
+                  variant_budgets: tuple[int, ...] = (16, 32), draft_ks: tuple[int, ...] = (5, 16),
+                  threads: int = 2, zoo_dir: Path | None = None) -> dict:
+    """Greedy figures of the zoo's EAGLE heads on held-out prompts, all methods measured in one run.
+
+    For every prompt (signature + docstring of a validation-file function) the methods run back to back,
+    so load on the machine hits them alike: plain decoding, the draft model (k in `draft_ks`: equal
+    verification budgets), the EAGLE-1 head as a chain (depth) and as trees of each size in `budgets`
+    (tree_depth, top_k), and the EAGLE-3 variant as a chain and as trees of `variant_budgets`. Reports tau,
+    tokens/s, speed-up over plain (ratio of summed times) and greedy equality with plain decoding.
+    """
+    from transformers import AutoTokenizer
+
+    from specdec_lab.drafters.draft_model import DraftModelDrafter
+    from specdec_lab.drafters.eagle import EagleDrafter
+    from specdec_lab.models import zoo_path
+    from specdec_lab.train.corpus import heldout_prompts
+
+    torch.set_num_threads(threads)
+    zoo_dir = Path(zoo_dir or zoo_path())
+    target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
+    methods: dict[str, object] = {"plain": None}
+    if (zoo_dir / "draft" / "config.json").exists():
+        draft = LlamaForCausalLM.from_pretrained(str(zoo_dir / "draft"), dtype=torch.float32).eval()
+        for k in draft_ks:
+            methods[f"draft k={k}"] = DraftModelDrafter(draft, k=k)
+    for folder, sizes in zip(VARIANTS.values(), (budgets, variant_budgets), strict=True):
+        if not (zoo_dir / folder / "model.safetensors").exists():
+            continue
+        head = EagleHead.load(zoo_dir / folder, target)
+        methods[f"{folder} chain d={depth}"] = EagleDrafter(head, "chain", depth=depth)
+        for budget in sizes:
+            methods[f"{folder} tree n={budget}"] = EagleDrafter(head, "tree", tree_depth, top_k, budget)
+    ids_list = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in heldout_prompts(prompts)]
+    for drafter in methods.values():  # warm-up
+        run_timed(target, ids_list[0], drafter, 8)
+    rows = {name: {"tau": [], "seconds": 0.0, "tokens": 0, "same": 0} for name in methods}
+    for ids in ids_list:
+        plain_tokens = None
+        for name, drafter in methods.items():
+            tokens, tau, seconds = run_timed(target, ids, drafter, max_new_tokens)
+            plain_tokens = tokens if plain_tokens is None else plain_tokens
+            row = rows[name]
+            row["tau"].append(tau)
+            row["seconds"] += seconds
+            row["tokens"] += len(tokens)
+            row["same"] += tokens == plain_tokens
+    plain_seconds = rows["plain"]["seconds"]
+    table = {name: {"tau": round(sum(r["tau"]) / len(r["tau"]), 3),
+                    "tokens_per_s": round(r["tokens"] / r["seconds"], 1),
+                    "speedup": round(plain_seconds / r["seconds"], 3),
+                    "same_as_plain": f"{r['same']}/{len(ids_list)}"}
+             for name, r in rows.items()}
+    return {"prompts": len(ids_list), "max_new_tokens": max_new_tokens, "threads": threads, "depth": depth,
+            "tree_depth": tree_depth, "top_k": top_k, "hardware": hardware(), "methods": table}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: measure the zoo heads and record the figures in training.json ("eagle_heldout")."""
+    import argparse
+
+    from specdec_lab.models import zoo_path
+
+    parser = argparse.ArgumentParser(description=measure_heads.__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=20, help="held-out prompts (default: 20)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: 64)")
+    parser.add_argument("--depth", type=int, default=5, help="chain length of EAGLE chain and draft model")
+    parser.add_argument("--tree-depth", type=int, default=6, help="EAGLE-2 tree depth (default: 6)")
+    parser.add_argument("--top-k", type=int, default=8, help="EAGLE-2 children per node (default: 8)")
+    parser.add_argument("--budgets", default="8,16,24,32,48", help="EAGLE-1 tree sizes to sweep (total_tokens)")
+    parser.add_argument("--variant-budgets", default="16,32", help="EAGLE-3 variant tree sizes (total_tokens)")
+    parser.add_argument("--draft-ks", default="5,16", help="draft-model chain lengths (default: 5,16)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    parser.add_argument("--no-record", action="store_true", help="print only; leave training.json alone")
+    args = parser.parse_args(argv)
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(",") if part)
+
+    result = measure_heads(args.prompts, args.max_new_tokens, args.depth, args.tree_depth, args.top_k,
+                           ints(args.budgets), ints(args.variant_budgets), ints(args.draft_ks), args.threads)
+    print(json.dumps(result, indent=2))
+    if not args.no_record:
+        record_result(zoo_path(), "eagle_heldout", result)
+
+
+if __name__ == "__main__":
+    main()

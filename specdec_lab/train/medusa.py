@@ -46,12 +46,12 @@ class MedusaRecipe:
     num_heads: int = 4
     loss_decay: float = 0.8
     ranks: int = 10
-    tree_budgets: list[int] = field(default_factory=lambda: [4, 8, 16, 32, 64])
+    tree_budgets: list[int] = field(default_factory=lambda: [8, 16, 32])
     measure_prompts: int = 20
     measure_tokens: int = 64
     run: RunConfig = field(default_factory=lambda: RunConfig(
-        steps=360, batch_size=8, seq_len=256, lr=2e-3, warmup_steps=20, eval_every=60, eval_batches=4,
-        checkpoint_every=20))
+        steps=130, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=10, eval_every=65, eval_batches=4,
+        checkpoint_every=10))
 
     @classmethod
     def from_recipe(cls, recipe: ZooRecipe) -> MedusaRecipe:
@@ -157,16 +157,32 @@ def heads_card(accuracy: torch.Tensor, tree: list[tuple[int, ...]], measured: di
         f"the measured sizes). On {measured['prompts']} held-out prompts, greedy, {measured['max_new_tokens']} "
         f"new tokens, {measured['threads']} threads, one run:",
         "",
-        "| tree | nodes | tau | per-depth acceptance | tokens/s | vs plain | same as plain |",
-        "|---|---|---|---|---|---|---|",
+        "| tree | nodes | tau | accepted at depth k (share of steps) | head k kept when reached | tokens/s "
+        "| vs plain | same as plain |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in measured["rows"]:
         lines.append(f"| {row['tree']} | {row['nodes']} | {row['tau']:.2f} | "
-                     f"{', '.join(f'{a:.2f}' for a in row['per_depth_acceptance'])} | {row['tokens_per_second']:.0f} "
+                     f"{', '.join(f'{a:.2f}' for a in row['per_depth_acceptance'])} | "
+                     f"{', '.join(f'{a:.2f}' for a in row['per_head_conditional'])} | {row['tokens_per_second']:.0f} "
                      f"| {row['speedup']:.2f}x | {row['same_as_plain']} |")
     lines += ["", f"Plain decoding of the same target in the same run: {measured['plain_tokens_per_second']:.0f} "
               "tokens/s. Reproduce: `specdec train medusa` (it resumes, re-exports and re-measures)."]
     return "\n".join(lines)
+
+
+def step_recorder(steps: list[tuple[int, int]]):
+    """An `on_step` callback that appends (tree depth, accepted tokens) of every verification step to `steps`."""
+
+    def record(step) -> None:
+        steps.append((step.draft.info.get("depth", 0), step.verdict.accepted))
+
+    return record
+
+
+def ratios(numerators: list[int], denominators: list[int]) -> list[float]:
+    """Element-wise a / b rounded to 3 places (0 where b is 0)."""
+    return [round(a / b, 3) if b else 0.0 for a, b in zip(numerators, denominators, strict=True)]
 
 
 @torch.inference_mode()
@@ -184,28 +200,33 @@ def measure_medusa(target, tokenizer, heads: MedusaHeads, trees: dict[str, list[
     ids_list = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in heldout_prompts(prompts)]
     drafters = {name: MedusaDrafter(heads, tree=tree) for name, tree in trees.items()}
     sd.generate(target, ids_list[0], drafter=next(iter(drafters.values())), max_new_tokens=8)  # warm-up
-    totals = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "same": 0, "drafted_at": [0] * heads.num_heads,
-                     "accepted_at": [0] * heads.num_heads} for name in ["plain", *drafters]}
+    heads_range = range(heads.num_heads)
+    totals = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "same": 0, "steps": []}
+              for name in ["plain", *drafters]}
     for ids in ids_list:
         plain = sd.generate(target, ids, max_new_tokens=max_new_tokens)
         for name, drafter in [("plain", None), *drafters.items()]:
-            out = plain if drafter is None else sd.generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens)
             row = totals[name]
+            if drafter is None:
+                out = plain
+            else:
+                out = sd.generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens,
+                                  on_step=step_recorder(row["steps"]))
             row["seconds"] += out.stats.total_seconds
             row["tokens"] += out.stats.new_tokens
             row["forwards"] += out.stats.target_forwards
             row["same"] += out.tokens == plain.tokens
-            for depth, count in out.stats.drafted_at.items():
-                row["drafted_at"][depth] += count
-                row["accepted_at"][depth] += out.stats.accepted_at[depth]
     plain_speed = totals["plain"]["tokens"] / totals["plain"]["seconds"]
     rows = []
     for name, tree in trees.items():
         row = totals[name]
         speed = row["tokens"] / row["seconds"]
+        # Head k (0-based) was drafted when the tree reached depth k + 1, and "reached" when its parent was kept.
+        drafted = [sum(depth > k for depth, _ in row["steps"]) for k in heads_range]
+        reached = [sum(depth > k and kept >= k for depth, kept in row["steps"]) for k in heads_range]
+        kept = [sum(kept > k for _, kept in row["steps"]) for k in heads_range]
         rows.append({"tree": name, "nodes": len(tree), "tau": round(row["tokens"] / row["forwards"], 3),
-                     "per_depth_acceptance": [round(a / d, 3) if d else 0.0
-                                              for a, d in zip(row["accepted_at"], row["drafted_at"], strict=True)],
+                     "per_depth_acceptance": ratios(kept, drafted), "per_head_conditional": ratios(kept, reached),
                      "tokens_per_second": round(speed, 1), "speedup": round(speed / plain_speed, 3),
                      "same_as_plain": f"{row['same']}/{len(ids_list)}"})
     return {"prompts": len(ids_list), "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads(),

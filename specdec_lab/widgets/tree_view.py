@@ -35,7 +35,7 @@ def trees_from_records(records: Sequence[StepRecord]) -> list[tuple[DraftTree, l
 
 
 class TreeView(CourseWidget):
-    """Slider over a run's draft trees; the accepted path is drawn in green.
+    """Slider over a run's draft trees (starting at the first non-empty one); the accepted path is drawn in green.
 
     steps: (DraftTree, accepted node indices) per step, e.g. from `trees_from_records`; decode: token ids ->
     text (a tokenizer's `decode`); static: force the text-only mode. State: `position`, `tree`, `accepted`,
@@ -48,7 +48,9 @@ class TreeView(CourseWidget):
         if not steps:
             raise ValueError("no draft trees to show: run generate(..., on_step=records.append) with a drafter first")
         self.steps, self.decode = list(steps), decode
-        self.step = w.IntSlider(value=1, min=1, max=len(self.steps), description="step", continuous_update=False)
+        first = next((i for i, (tree, _) in enumerate(self.steps) if len(tree)), 0)  # skip empty drafts
+        self.step = w.IntSlider(value=first + 1, min=1, max=len(self.steps), description="step",
+                                continuous_update=False)
         self.path_choice = w.Dropdown(description="path", layout={"width": "500px"})
         self.readout = w.HTML()
         self.plot = w.Output()

@@ -1,0 +1,58 @@
+"""The graded labs: structure of the nbgrader source notebooks, and labs/ equal to a fresh nbgrader release.
+
+The solutions themselves are executed (and must score full marks) in tests/test_autograder.py.
+"""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from autograder import pipeline
+
+LABS = pipeline.list_labs()
+
+
+def nbgrader_meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def comparable(nb) -> list[tuple]:
+    """What a release must reproduce: each cell's type, source and nbgrader metadata (ids and outputs aside)."""
+    return [(c.cell_type, c.source, nbgrader_meta(c)) for c in nb.cells]
+
+
+def test_at_least_four_labs():
+    assert len(LABS) >= 4 and LABS == sorted(LABS)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_source_notebook_structure(lab):
+    nb = nbformat.read(pipeline.SOLUTIONS / lab / f"{lab}.ipynb", as_version=4)
+    ids = [nbgrader_meta(c)["grade_id"] for c in nb.cells if nbgrader_meta(c)]
+    assert len(ids) == len(set(ids)), "grade ids must be unique"
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "store notebooks without outputs"
+    cells = [c for c in nb.cells if nbgrader_meta(c)]
+    tests = [c for c in cells if nbgrader_meta(c).get("grade")]
+    assert tests and all(nbgrader_meta(c)["points"] > 0 for c in tests)
+    assert any("### BEGIN HIDDEN TESTS" in c.source for c in tests), "each lab has hidden tests"
+    assert "warnings.filterwarnings" in cells[0].source and nbgrader_meta(cells[0]).get("locked")
+    for before, cell in zip(cells, cells[1:], strict=False):
+        if nbgrader_meta(cell).get("grade"):
+            # nbgrader 0.9.6 can only restore a deleted test cell that follows a solution or test cell.
+            assert nbgrader_meta(before).get("grade") or nbgrader_meta(before).get("solution"), cell.source[:60]
+    for cell in cells:
+        if nbgrader_meta(cell).get("solution"):
+            assert "### BEGIN SOLUTION" in cell.source, nbgrader_meta(cell)["grade_id"]
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            assert "from checks import" in cell.source, "hidden logic lives in autograder/checks, not the notebook"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_committed_release_equals_fresh_generation(lab, tmp_path):
+    fresh = nbformat.read(pipeline.release(lab, tmp_path), as_version=4)
+    committed = nbformat.read(pipeline.LABS / lab / f"{lab}.ipynb", as_version=4)
+    assert comparable(committed) == comparable(fresh), f"labs/{lab} is stale: run `python -m autograder release`"
+    text = nbformat.writes(committed)
+    assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text and "from checks" not in text
+    assert all(not c.get("outputs") for c in committed.cells if c.cell_type == "code")

@@ -1,0 +1,68 @@
+"""Decoding statistics: the Spec-Bench / vLLM conventions (tau counts the bonus token, AR decoding = 1.00)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_lab import DecodeStats, DraftModelDrafter, generate
+
+
+def test_counters_and_derived_figures_on_a_hand_built_run():
+    stats = DecodeStats(target_forwards=5)  # prefill + 4 verification steps
+    for drafted, accepted in [(4, 2), (4, 4), (3, 0), (4, 1)]:
+        stats.record_step(drafted, accepted)
+    stats.new_tokens = 1 + (2 + 1) + (4 + 1) + (0 + 1) + (1 + 1)
+    assert (stats.drafted, stats.accepted, stats.new_tokens) == (15, 7, 12)
+    assert stats.mean_accepted_tokens == pytest.approx(12 / 5)
+    assert stats.acceptance_rate == pytest.approx(7 / 15)
+    assert stats.per_position_acceptance == pytest.approx([3 / 4, 2 / 4, 1 / 4, 1 / 3])
+    assert stats.accepted_histogram == {0: 1, 1: 1, 2: 1, 4: 1}
+    summary = stats.summary()
+    assert summary["tau"] == 2.4 and summary["acceptance_rate"] == 0.467
+    assert summary["accepted_histogram"] == {0: 1, 1: 1, 2: 1, 4: 1}
+
+
+def test_empty_stats_do_not_divide_by_zero():
+    stats = DecodeStats()
+    assert stats.mean_accepted_tokens == 0.0 and stats.acceptance_rate == 0.0
+    assert stats.per_position_acceptance == [] and stats.tokens_per_second == 0.0
+
+
+def test_plain_autoregressive_decoding_has_tau_one(tiny_target, prompts):
+    out = generate(tiny_target, prompts[0], max_new_tokens=10)
+    stats = out.stats
+    assert stats.target_forwards == stats.new_tokens == 10
+    assert stats.mean_accepted_tokens == 1.0 and stats.summary()["tau"] == 1.0
+    assert stats.drafted == 0 and stats.acceptance_rate == 0.0 and stats.accepted_histogram == {0: 9}
+
+
+def test_a_known_run_with_draft_equal_to_target(tiny_target, prompts):
+    # Greedy, draft = target, k = 4: the prefill gives 1 token, then every step keeps 4 drafts + 1 bonus.
+    out = generate(tiny_target, prompts[0], drafter=DraftModelDrafter(tiny_target, k=4), max_new_tokens=21)
+    stats = out.stats
+    assert stats.target_forwards == 5 and stats.new_tokens == 21
+    assert stats.mean_accepted_tokens == pytest.approx(4.2)  # without the bonus token a step would add 4, not 5
+    assert (stats.drafted, stats.accepted, stats.acceptance_rate) == (16, 16, 1.0)
+    assert stats.accepted_per_step == [4, 4, 4, 4] and stats.accepted_histogram == {4: 4}
+    assert stats.per_position_acceptance == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_stats_agree_with_the_steps_of_a_mixed_run(tiny_target, tiny_draft, prompts):
+    steps = []
+    out = generate(tiny_target, prompts[2], drafter=DraftModelDrafter(tiny_draft, k=3), max_new_tokens=40,
+                   on_step=steps.append)
+    stats = out.stats
+    kept = [step.verdict.accepted for step in steps]
+    assert stats.target_forwards == 1 + len(steps)
+    assert stats.new_tokens == len(out.tokens) == 1 + sum(len(step.emitted) for step in steps)
+    assert stats.drafted == sum(len(step.draft) for step in steps) and stats.accepted == sum(kept)
+    assert stats.accepted_per_step == kept and 0 < stats.acceptance_rate < 1  # some kept, some rejected
+    for position, rate in enumerate(stats.per_position_acceptance):
+        reached = [step for step in steps if len(step.draft) > position]
+        assert rate == pytest.approx(sum(step.verdict.accepted > position for step in reached) / len(reached))
+    assert stats.mean_accepted_tokens == pytest.approx(stats.new_tokens / stats.target_forwards)
+    assert min(stats.draft_seconds, stats.verify_seconds, stats.other_seconds) >= 0
+    assert stats.total_seconds >= stats.draft_seconds + stats.verify_seconds - 1e-6
+    assert set(stats.summary()) >= {"new_tokens", "target_forwards", "drafted", "accepted", "tau",
+                                    "acceptance_rate", "per_position_acceptance", "accepted_histogram",
+                                    "draft_seconds", "verify_seconds", "other_seconds", "total_seconds"}
