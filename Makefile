@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: lab test demo lint bench clean-venv
+.PHONY: lab test test-grading demo bench clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,9 @@ lab: $(STAMP)  ## start JupyterLab on the course (lessons/ first)
 test: $(STAMP)  ## lint, then the whole test suite
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-grading: $(STAMP)  ## the slow end-to-end nbgrader runs over every simulated submission
+	$(PY) -m pytest -m grading $(PYTEST_ARGS)
 
 demo: $(STAMP)  ## plain vs speculative decoding on the default models, in the terminal
 	$(VENV)/bin/specdec demo

@@ -16,7 +16,7 @@ import nbformat
 
 from autograder.pipeline import SOLUTIONS
 
-SOLUTION_REGION = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n", re.M)
+SOLUTION_REGION = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|$)", re.M)
 
 
 @dataclass
@@ -189,11 +189,11 @@ LABS: dict[str, LabFixtures] = {
             "temperature_only_on_draft": Mistake("speculative_step", "dec.target_cache), dec.temperature)",
                                                  "dec.target_cache), min(dec.temperature, 1.0) and 1.0)",
                                                  {"test_step_lossless_hidden"}),
-            "cache_not_rolled_back": Mistake("speculative_step", "crop(dec.target_cache, context + accepted)\n", "",
-                                             {"test_step", "test_step_cache_hidden", "test_generate_eos_hidden"}),
+            "cache_not_rolled_back": Mistake("speculative_step", "    crop(dec.target_cache, context + accepted)\n",
+                                             "", {"test_step", "test_step_cache_hidden", "test_generate_eos_hidden"}),
             "cache_rolled_back_too_far": Mistake("speculative_step", "crop(dec.target_cache, context + accepted)",
                                                  "crop(dec.target_cache, context + accepted - 1)",
-                                                 {"test_step", "test_step_cache_hidden", "test_generate_eos_hidden"}),
+                                                 {"test_step", "test_step_cache_hidden"}),
             "emits_past_eos": Mistake("generate", "    if eos in new:\n        new = new[: new.index(eos) + 1]\n",
                                       "", {"test_generate_eos_hidden"}),
             "bonus_not_counted": Mistake("formulas", "(1 - alpha ** (k + 1)) / (1 - alpha)",
@@ -237,7 +237,8 @@ LABS: dict[str, LabFixtures] = {
                                               "for node in kept]", "[parents[node] for node in kept]",
                                               {"test_select_hidden", "test_dynamic_tree_hidden"}),
             "ranked_by_local_probability": Mistake("dynamic_tree", "scores.append(score + child_logp)",
-                                                   "scores.append(child_logp)", {"test_dynamic_tree_hidden"}),
+                                                   "scores.append(child_logp)",
+                                                   {"test_dynamic_tree", "test_dynamic_tree_hidden"}),
         },
     ),
 }

@@ -8,6 +8,7 @@
 
 from specdec_lab.decode import GenerationOutput, StepRecord, generate
 from specdec_lab.drafters import DecodeState, Draft, Drafter, DraftModelDrafter, PromptLookupDrafter
+from specdec_lab.drafters.eagle import EagleDrafter, EagleHead
 from specdec_lab.drafters.jacobi import jacobi_decode
 from specdec_lab.drafters.lookahead import LookaheadDrafter
 from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
@@ -23,4 +24,5 @@ __all__ = [
     "process_logits", "verify_greedy", "verify_rejection", "zoo_path",
     "LookaheadDrafter", "jacobi_decode",
     "DraftTree", "MedusaDrafter", "MedusaHeads",
+    "EagleDrafter", "EagleHead",
 ]

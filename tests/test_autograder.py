@@ -122,6 +122,7 @@ def chosen_fixtures(lab: str) -> list[fixtures.Fixture]:
     return [f for f in every if f.name not in RUNTIME_ATTACKS]
 
 
+@pytest.mark.grading
 @pytest.mark.parametrize("lab", LABS)
 def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
     chosen = chosen_fixtures(lab)
@@ -162,6 +163,7 @@ def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
         assert "specdec_lab" in notes, "the CSV should tell the instructor why a cell was not run"
 
 
+@pytest.mark.grading
 def test_a_kernel_killed_by_a_submission_costs_only_that_submission(tmp_path):
     """With the static rules switched off, os._exit kills its kernel and sys.exit raises inside it; the
     batch still grades everybody else exactly (submitted as an LMS zip of per-student folders)."""

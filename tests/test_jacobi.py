@@ -9,7 +9,9 @@ import torch
 
 from specdec_lab import generate
 from specdec_lab.drafters.jacobi import jacobi_decode, next_guesses
+from specdec_lab.models import load_model, zoo_path
 from specdec_lab.sampling import SamplingConfig, process_logits
+from specdec_lab.train.corpus import heldout_prompts
 
 
 @pytest.mark.parametrize("window", [3, 8])
@@ -26,9 +28,6 @@ def test_greedy_equals_plain_decoding(tiny_target, prompts, window):
 
 
 def test_greedy_equals_plain_decoding_on_heldout_code():
-    from specdec_lab.models import load_model, zoo_path
-    from specdec_lab.train.corpus import heldout_prompts
-
     target, tokenizer = load_model(zoo_path() / "target")
     tokens = forwards = 0
     for text in heldout_prompts(20):
@@ -37,7 +36,7 @@ def test_greedy_equals_plain_decoding_on_heldout_code():
         out = jacobi_decode(target, ids, window=4, max_new_tokens=24)
         assert out.tokens == plain.tokens, text
         tokens, forwards = tokens + out.stats.new_tokens, forwards + out.stats.target_forwards
-    assert tokens / forwards >= 1.0
+    assert tokens / forwards > 1.0  # real text converges rarely, but code has stretches Jacobi gets in one go
 
 
 def test_iterations_commit_the_self_reproducing_prefix(tiny_target, prompts):

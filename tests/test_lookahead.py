@@ -9,7 +9,9 @@ import torch
 
 from specdec_lab import generate
 from specdec_lab.drafters.lookahead import LookaheadDrafter, LookaheadWindow, NgramPool, candidate_tree
+from specdec_lab.models import load_model, zoo_path
 from specdec_lab.sampling import SamplingConfig, process_logits
+from specdec_lab.train.corpus import heldout_prompts
 
 
 def test_pool_keeps_the_most_recent_continuations_per_key():
@@ -110,9 +112,6 @@ def test_greedy_equals_plain_decoding(tiny_target, prompts, window, ngram, pool_
 
 
 def test_greedy_equals_plain_decoding_on_heldout_code():
-    from specdec_lab.models import load_model, zoo_path
-    from specdec_lab.train.corpus import heldout_prompts
-
     target, tokenizer = load_model(zoo_path() / "target")
     accepted = 0
     for text in heldout_prompts(20):

@@ -89,7 +89,10 @@ def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, t
     recipe.extra["eagle"] = section
     recipe.save(zoo / "recipe.json")
 
-    for variant, folder in (("eagle1", "eagle"), ("eagle3", "eagle3")):
+    partial = run_eagle_stage("eagle1", zoo / "recipe.json", runs, max_minutes=0, export_partial=True)
+    assert not partial["finished"] and (zoo / "eagle" / "model.safetensors").exists()
+    assert json.loads((zoo / "training.json").read_text())["eagle"]["steps"] == 1
+    for variant, folder in (("eagle1", "eagle"), ("eagle3", "eagle3")):  # eagle1 resumes from step 1
         result = run_eagle_stage(variant, zoo / "recipe.json", runs)
         assert result["finished"]
         head = EagleHead.load(zoo / folder, tiny_target)

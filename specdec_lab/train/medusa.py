@@ -50,7 +50,7 @@ class MedusaRecipe:
     measure_prompts: int = 20
     measure_tokens: int = 64
     run: RunConfig = field(default_factory=lambda: RunConfig(
-        steps=130, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=10, eval_every=65, eval_batches=4,
+        steps=60, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=10, eval_every=30, eval_batches=4,
         checkpoint_every=10))
 
     @classmethod
