@@ -26,7 +26,7 @@ import torch
 
 from specdec_lab.cache import cache_length, keep_positions, new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import SamplingConfig, make_generator, process_logits, sample
+from specdec_lab.sampling import SamplingConfig, draw, make_generator, process_logits
 from specdec_lab.stats import DecodeStats
 from specdec_lab.tree import DraftTree, additive_mask
 from specdec_lab.verify import (
@@ -103,6 +103,42 @@ def default_eos(model: torch.nn.Module) -> int | None:
     return None
 
 
+@dataclass
+class RunSetup:
+    """The validated settings of one generation: what every decoding loop checks before its first forward.
+
+    sampling: processors for p and q; prompt: the prompt as a list of ids; eos: the id that ends generation;
+    budget: how many tokens may be emitted (max_new_tokens, capped by the context); max_new_tokens: as asked;
+    device: where the target lives.
+    """
+
+    sampling: SamplingConfig
+    prompt: list[int]
+    eos: int | None
+    budget: int
+    max_new_tokens: int
+    device: torch.device
+
+    @classmethod
+    def check(cls, target, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id) -> RunSetup:
+        """Validate a `generate`-style call (clear errors for bad input) and derive the run's settings."""
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        prompt = prompt_to_list(input_ids, target.config.vocab_size)
+        limit = context_limit(target)
+        if len(prompt) >= limit:
+            raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context is {limit} tokens; "
+                             "shorten the prompt")
+        eos = default_eos(target) if eos_token_id is None else eos_token_id
+        budget = min(max_new_tokens, limit - len(prompt))
+        return cls(sampling, prompt, eos, budget, max_new_tokens, model_device(target))
+
+    def nothing_to_do(self) -> str:
+        """Why a run with a zero budget stops before its first forward."""
+        return "max_new_tokens" if self.max_new_tokens == 0 else "context"
+
+
 class Clock:
     """Accumulates wall time into a stats field (synchronising CUDA so GPU work is counted where it runs)."""
 
@@ -131,9 +167,7 @@ def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, last_
 
 def choose_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
     """The target's own next token from one position's logits (argmax when greedy)."""
-    if sampling.greedy:
-        return int(logits.argmax())
-    return int(sample(process_logits(logits, sampling), generator))
+    return int(draw(logits, sampling, generator)[0])
 
 
 def verify_chain(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
@@ -230,23 +264,13 @@ def generate(
     unless the drafter explicitly asks for a LOSSY rule (Medusa's typical acceptance,
     `MedusaDrafter(acceptance="typical")`), whose output is not.
     """
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    prompt = prompt_to_list(input_ids, target.config.vocab_size)
-    limit = context_limit(target)
-    if len(prompt) >= limit:
-        raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context is {limit} tokens; "
-                         "shorten the prompt")
-    eos = default_eos(target) if eos_token_id is None else eos_token_id
-    budget = min(max_new_tokens, limit - len(prompt))
-    device = model_device(target)
+    run = RunSetup.check(target, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    sampling, prompt, eos, budget, device = run.sampling, run.prompt, run.eos, run.budget, run.device
     stats = DecodeStats()
     clock = Clock(stats, device)
     started = clock.now()
     if budget == 0:
-        stopped = "max_new_tokens" if max_new_tokens == 0 else "context"
-        return GenerationOutput([], stats, stopped)
+        return GenerationOutput([], stats, run.nothing_to_do())
 
     want_hidden = drafter is not None and drafter.needs_hidden_states
     state = DecodeState(list(prompt), len(prompt), sampling, make_generator(seed, device), device, target)

@@ -69,6 +69,19 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def draw(logits: torch.Tensor, config: SamplingConfig,
+         generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token from one position's `logits`, as a drafter draws it: (token, q).
+
+    Greedy: the argmax, and q is None (verification compares argmaxes and needs no q). Sampling: a draw from
+    the processed distribution q, returned with q so the target can run the lossless rejection rule.
+    """
+    if config.greedy:
+        return logits.argmax(), None
+    q = process_logits(logits, config)
+    return sample(q, generator), q
+
+
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A `torch.Generator` on `device` seeded with `seed`: every random draw in the engine goes through one."""
     return torch.Generator(device=device).manual_seed(seed)

@@ -10,7 +10,7 @@ import torch
 
 from specdec_lab.cache import new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import process_logits, sample
+from specdec_lab.sampling import draw
 
 
 class DraftModelDrafter(Drafter):
@@ -44,11 +44,8 @@ class DraftModelDrafter(Drafter):
         tokens, probs = [], []
         for i in range(k):
             logits = self.model(input_ids=feed[None], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-            if state.sampling.greedy:
-                token = logits.argmax()
-            else:
-                q = process_logits(logits, state.sampling)
-                token = sample(q, state.generator)
+            token, q = draw(logits, state.sampling, state.generator)
+            if q is not None:
                 probs.append(q)
             tokens.append(token)
             feed = token.reshape(1)

@@ -47,7 +47,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specdec_lab.cache import truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import process_logits, sample
+from specdec_lab.sampling import draw, process_logits
 
 MODES = ("chain", "tree")
 
@@ -313,11 +313,8 @@ class EagleDrafter(Drafter):
         feature, logits = self.last_feature, self.last_logits
         tokens, probs = [], []
         for i in range(k):
-            if state.sampling.greedy:
-                token = logits.argmax()
-            else:
-                q = process_logits(logits, state.sampling)
-                token = sample(q, state.generator)
+            token, q = draw(logits, state.sampling, state.generator)
+            if q is not None:
                 probs.append(q)
             tokens.append(token)
             if i + 1 < k:  # the last drafted token is never fed: nothing would read its prediction

@@ -31,16 +31,13 @@ from specdec_lab.cache import new_cache, truncate
 from specdec_lab.decode import (
     Clock,
     GenerationOutput,
+    RunSetup,
     choose_next,
-    context_limit,
-    default_eos,
-    model_device,
-    prompt_to_list,
     target_forward,
     verify_chain,
 )
 from specdec_lab.drafters.base import Draft
-from specdec_lab.sampling import SamplingConfig, make_generator
+from specdec_lab.sampling import make_generator
 from specdec_lab.stats import DecodeStats
 
 
@@ -96,22 +93,13 @@ def jacobi_decode(
     """
     if not isinstance(window, int) or window < 1:
         raise ValueError(f"window (guessed tokens per iteration) must be a positive integer, got {window!r}")
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    prompt = prompt_to_list(input_ids, target.config.vocab_size)
-    limit = context_limit(target)
-    if len(prompt) >= limit:
-        raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context is {limit} tokens; "
-                         "shorten the prompt")
-    eos = default_eos(target) if eos_token_id is None else eos_token_id
-    budget = min(max_new_tokens, limit - len(prompt))
-    device = model_device(target)
+    run = RunSetup.check(target, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    sampling, prompt, eos, budget, device = run.sampling, run.prompt, run.eos, run.budget, run.device
     stats = DecodeStats()
     clock = Clock(stats, device)
     started = clock.now()
     if budget == 0:
-        return GenerationOutput([], stats, "max_new_tokens" if max_new_tokens == 0 else "context")
+        return GenerationOutput([], stats, run.nothing_to_do())
 
     generator = make_generator(seed, device)
     cache = new_cache(target)
