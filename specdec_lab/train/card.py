@@ -127,6 +127,18 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
     }
 
 
+def eagle_summary(name: str, figures: dict) -> str:
+    """A short card section for an EAGLE head from its training figures (steps done vs planned, accuracy)."""
+    done = "" if figures.get("finished", True) else (
+        f" Training was paused at step {figures['steps']} of {figures['planned_steps']} (the shared machine was "
+        "saturated): this head is under-trained; `specdec train " + name + "` on a free machine trains it fully.")
+    return (f"## EAGLE head (`{name}/`)\n\nOne decoder layer over target layers {figures['feature_layers']} "
+            f"({figures['parameters'] / 1e6:.2f}M parameters, {figures['unroll_steps']}-step training-time unroll), "
+            f"{figures['tokens_seen'] / 1e3:.0f}k training tokens on {figures['hardware']}. Agreement with the "
+            f"target's top token at unroll steps 1/2/3: {figures['acc1']:.2f} / {figures['acc2']:.2f} / "
+            f"{figures['acc3']:.2f}.{done}")
+
+
 def write_model_card(zoo_dir: str | Path) -> Path:
     """Render `MODEL_CARD.md` from `recipe.json` and `training.json` (which must hold an evaluation)."""
     zoo_dir = Path(zoo_dir)
@@ -195,6 +207,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
     for section in ("medusa", "eagle", "eagle3"):
         if section in results and "card" in results[section]:
             lines += ["", results[section]["card"]]
+        elif section.startswith("eagle") and section in results:
+            lines += ["", eagle_summary(section, results[section])]
     lines += ["", "## Sample completions (target, greedy)", ""]
     for sample in ev["samples"]:
         lines += ["```python", sample["prompt"] + sample["completion"], "```", ""]
