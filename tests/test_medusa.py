@@ -137,3 +137,11 @@ def test_zoo_heads_equal_plain_greedy_on_heldout_prompts():
         assert_same_or_near_tie(target, ids, out.tokens, plain.tokens)
         accepted += out.stats.accepted
     assert accepted > 0
+
+
+def test_sampling_with_a_tree_shallower_than_the_heads(tiny_target, prompts):
+    # The shipped sparse tree can stop above the last head: sampling must not draw from heads it does not use.
+    heads = random_heads(tiny_target.config.hidden_size, 4, std=0.5, seed=2)
+    drafter = MedusaDrafter(heads, [(0,), (1,), (0, 0)])
+    out = sd.generate(tiny_target, prompts[0], drafter=drafter, max_new_tokens=12, temperature=1.0, seed=3)
+    assert len(out.tokens) == 12 and max(out.stats.accepted_per_step) <= 2

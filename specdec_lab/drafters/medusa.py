@@ -161,7 +161,8 @@ class MedusaDrafter(Drafter):
         wanted = [0] * self.heads.num_heads  # candidates needed per head
         for choice in self.choices:
             wanted[len(choice) - 1] = max(wanted[len(choice) - 1], choice[-1] + 1)
-        depth = min(self.heads.num_heads, max_tokens)
+        # Heads deeper than the tree offer no candidates: never draw from them (a tree may be shallower than K).
+        depth = min(max(len(choice) for choice in self.choices), max_tokens)
         if state.sampling.greedy or self.acceptance == "typical":
             candidates, probs = self.top_candidates(logits, wanted, depth)
         else:
