@@ -6,6 +6,7 @@ share the machine.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
@@ -143,3 +144,26 @@ def saved_models(tmp_path_factory):
     make_llama(vocab_size=len(other), hidden_size=16, num_layers=1, seed=3).save_pretrained(str(root / "other-vocab"))
     other.save_pretrained(str(root / "other-vocab"))
     return root
+
+
+@pytest.fixture(scope="session")
+def sequence_probabilities():
+    """Exact target probabilities of every continuation of `length` tokens (small vocabularies only).
+
+    Returns (sequences, probabilities): all token tuples in itertools order, and P(sequence | prompt) under
+    `config` computed from the model's own conditionals, for chi-square tests of whole sampled outputs.
+    """
+
+    def enumerate_sequences(model, prompt: list[int], length: int, config) -> tuple[list[tuple], list[float]]:
+        from specdec_lab.sampling import process_logits
+
+        sequences = list(itertools.product(range(model.config.vocab_size), repeat=length))
+        exact = []
+        with torch.inference_mode():
+            for seq in sequences:
+                logits = model(torch.tensor([prompt + list(seq[:-1])])).logits[0, len(prompt) - 1 :]
+                p = process_logits(logits, config)
+                exact.append(float(torch.prod(p[torch.arange(length), torch.tensor(seq)])))
+        return sequences, exact
+
+    return enumerate_sequences

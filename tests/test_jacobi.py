@@ -10,7 +10,7 @@ import torch
 from specdec_lab import generate
 from specdec_lab.drafters.jacobi import jacobi_decode, next_guesses
 from specdec_lab.models import load_model, zoo_path
-from specdec_lab.sampling import SamplingConfig, process_logits
+from specdec_lab.sampling import SamplingConfig
 from specdec_lab.train.corpus import heldout_prompts
 
 
@@ -72,15 +72,10 @@ def test_bad_window_is_rejected(tiny_target):
         jacobi_decode(tiny_target, [1, 2, 3], window=0)
 
 
-def test_sampling_is_lossless(llama_factory, chi_square):
+def test_sampling_is_lossless(llama_factory, chi_square, sequence_probabilities):
     model = llama_factory(vocab_size=4, hidden_size=16, num_layers=1, seed=3, logit_scale=3.0)
     prompt, length, config = [1, 2, 3], 3, SamplingConfig(temperature=0.9)
-    sequences = list(itertools.product(range(4), repeat=length))
-    with torch.inference_mode():  # exact P(sequence) from the model's conditionals
-        exact = []
-        for seq in sequences:
-            p = process_logits(model(torch.tensor([prompt + list(seq[:-1])])).logits[0, len(prompt) - 1 :], config)
-            exact.append(float(torch.prod(p[torch.arange(length), torch.tensor(seq)])))
+    sequences, exact = sequence_probabilities(model, prompt, length, config)
     counts = torch.zeros(len(sequences))
     samples, accepted = 1200, 0
     for seed in range(samples):

@@ -10,7 +10,7 @@ import torch
 from specdec_lab import generate
 from specdec_lab.drafters.lookahead import LookaheadDrafter, LookaheadWindow, NgramPool, candidate_tree
 from specdec_lab.models import load_model, zoo_path
-from specdec_lab.sampling import SamplingConfig, process_logits
+from specdec_lab.sampling import SamplingConfig
 from specdec_lab.train.corpus import heldout_prompts
 
 
@@ -129,16 +129,11 @@ def test_bad_settings_are_rejected():
             LookaheadDrafter(**bad)
 
 
-def test_sampling_is_lossless(llama_factory, chi_square):
+def test_sampling_is_lossless(llama_factory, chi_square, sequence_probabilities):
     model = llama_factory(vocab_size=4, hidden_size=16, num_layers=1, seed=3, logit_scale=3.0)
     # A repetitive prompt seeds the pool with several n-grams per key: the multi-candidate rule is exercised.
     prompt, length, config = [1, 2, 1, 3, 1, 0, 2, 1], 3, SamplingConfig(temperature=0.9)
-    sequences = list(itertools.product(range(4), repeat=length))
-    with torch.inference_mode():
-        exact = []
-        for seq in sequences:
-            p = process_logits(model(torch.tensor([prompt + list(seq[:-1])])).logits[0, len(prompt) - 1 :], config)
-            exact.append(float(torch.prod(p[torch.arange(length), torch.tensor(seq)])))
+    sequences, exact = sequence_probabilities(model, prompt, length, config)
     counts = torch.zeros(len(sequences))
     samples, accepted = 1200, 0
     for seed in range(samples):
