@@ -29,11 +29,16 @@ def build_drafter(method: str, pair, k: int):
         return sd.DraftModelDrafter(pair.draft, k=k)
     if method == "lookup":
         return sd.PromptLookupDrafter(k=k)
-    if method == "medusa":
-        try:
+    if method == "lookahead":
+        return sd.LookaheadDrafter()
+    try:  # the heads ship with the zoo and are trained on its target
+        if method == "medusa":
             return sd.MedusaDrafter.from_pretrained(sd.zoo_path() / "medusa", pair.target)
-        except FileNotFoundError as error:
-            raise SystemExit(f"error: {error}") from None
+        if method == "eagle":
+            return sd.EagleDrafter(sd.EagleHead.load(sd.zoo_path() / "eagle", pair.target), mode="tree",
+                                   total_tokens=16)
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
     raise SystemExit(f"unknown method {method!r}")
 
 
@@ -100,34 +105,43 @@ def cmd_demo(args) -> None:
           + pair.tokenizer.decode(totals["draft model k=4"][0][0].tokens))
 
 
-def cmd_train(args) -> None:
-    from specdec_lab.models import zoo_path
-    from specdec_lab.train.zoo import STAGES, run_stage
+ALL_STAGES = ("tokenizer", "target", "draft", "medusa", "eagle", "eagle3", "card")
 
-    recipe = args.recipe or str(zoo_path() / "recipe.json")
-    if args.stage == "card":
+
+def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | None) -> dict:
+    """Run one zoo stage and print what it reports; returns its result ("finished": False when paused)."""
+    from pathlib import Path
+
+    if stage == "card":
         from specdec_lab.train.card import build_card
 
-        print(build_card(zoo_path()))
-        return
-    if args.stage == "medusa":
+        print(build_card(Path(recipe).parent))
+        return {"finished": True}
+    if stage == "medusa":
         from specdec_lab.train.medusa import run_medusa_stage
 
-        result = run_medusa_stage(recipe, args.workdir, args.max_minutes)
+        result = run_medusa_stage(recipe, workdir, max_minutes)
         print(result.get("card", f"medusa: {result}"))
-        return
-    if args.stage in ("eagle", "eagle3"):
+        return result
+    if stage in ("eagle", "eagle3"):
         from specdec_lab.train.eagle import run_eagle_stage
 
-        variant = "eagle1" if args.stage == "eagle" else "eagle3"
-        print(f"{args.stage}: {run_eagle_stage(variant, recipe, args.workdir, args.max_minutes)}")
-        return
-    stages = STAGES if args.stage == "all" else (args.stage,)
-    for stage in stages:
-        result = run_stage(stage, recipe, args.workdir, args.max_minutes)
-        print(f"{stage}: {result}")
-        if not result.get("finished", True):
-            break
+        result = run_eagle_stage("eagle1" if stage == "eagle" else "eagle3", recipe, workdir, max_minutes)
+    else:
+        from specdec_lab.train.zoo import run_stage
+
+        result = run_stage(stage, recipe, workdir, max_minutes)
+    print(f"{stage}: {result}")
+    return result
+
+
+def cmd_train(args) -> None:
+    from specdec_lab.models import zoo_path
+
+    recipe = args.recipe or str(zoo_path() / "recipe.json")
+    for stage in ALL_STAGES if args.stage == "all" else (args.stage,):
+        if not run_train_stage(stage, recipe, args.workdir, args.max_minutes).get("finished", True):
+            break  # paused: the same command resumes here
 
 
 def cmd_bench(args) -> None:
@@ -174,9 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete a prompt and print the text and the decoding statistics")
     gen.add_argument("prompt", help="text to continue")
-    gen.add_argument("--method", choices=["plain", "draft", "lookup", "medusa"], default="draft",
-                     help="plain autoregressive, draft-model speculation, prompt lookup, or the zoo's Medusa "
-                          "heads (default: draft)")
+    gen.add_argument("--method", choices=["plain", "draft", "lookup", "lookahead", "medusa", "eagle"],
+                     default="draft", help="plain autoregressive, draft-model speculation, prompt lookup, "
+                     "lookahead (Jacobi), or the zoo's Medusa heads or EAGLE head (EAGLE-2 tree) (default: draft)")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per step (default: 4)")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
@@ -193,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     train = sub.add_parser("train", help="rebuild the shipped zoo from its recipe (resumes where it stopped)")
-    train.add_argument("stage", choices=["all", "tokenizer", "target", "draft", "card", "medusa", "eagle", "eagle3"],
+    train.add_argument("stage", choices=["all", *ALL_STAGES],
                        help="what to train (card: re-measure the zoo and rewrite its model card; "
                             "medusa: the Medusa heads on the zoo target, with their tree and figures; "
                             "eagle / eagle3: the EAGLE-1 head / its EAGLE-3-style variant on the zoo target)")

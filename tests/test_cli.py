@@ -88,3 +88,12 @@ def test_the_installed_command_reports_a_bad_path_without_a_traceback(tmp_path):
     assert result.returncode == 1
     assert "error: could not load a causal LM" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_zoo_method_prints_the_same_greedy_text_as_plain(capsys):
+    texts = {}
+    for method in ("plain", "lookahead", "medusa", "eagle"):
+        out, _ = run_cli(["generate", "def area(radius):", "--method", method, "--max-new-tokens", "24"], capsys)
+        texts[method] = out.partition("\n---\n")[0]
+    assert len(texts["plain"]) > len("def area(radius):")
+    assert all(text == texts["plain"] for text in texts.values()), texts

@@ -11,6 +11,7 @@ import torch
 from specdec_lab.drafters.eagle import EagleConfig, EagleHead, additive_mask, causal_allowed
 from specdec_lab.train.eagle import EagleRecipe, eagle_losses, run_eagle_stage, train_head, unroll
 from specdec_lab.train.recipe import ModelShape, RunConfig, ZooRecipe
+from specdec_lab.train.target_outputs import TrainingMix
 
 
 def test_unroll_equals_drafting_one_step_at_a_time(tiny_target):
@@ -63,15 +64,16 @@ def test_training_learns_and_resumes_exactly(tiny_target, tmp_path):
     head = new_head(tiny_target, recipe)
     batch = torch.stack([stream[i : i + 25] for i in (0, 100, 200, 300)]).long()
     before = eagle_losses(head, tiny_target, batch, 1)[0]["cls"].item()
-    result = train_head(head, tiny_target, stream, stream, recipe, tmp_path / "straight", "eagle")
+    data = TrainingMix(stream)
+    result = train_head(head, tiny_target, data, stream, recipe, tmp_path / "straight", "eagle")
     after = eagle_losses(head, tiny_target, batch, 1)[0]["cls"].item()
     assert result["finished"] and after < before - 0.15  # nats; measured drop 0.25 (deterministic seeds)
 
     # Stopped after its first step (max_minutes=0), then resumed: the same weights as the straight run.
     resumed = new_head(tiny_target, recipe)
-    paused = train_head(resumed, tiny_target, stream, stream, recipe, tmp_path / "paused", "eagle", max_minutes=0)
+    paused = train_head(resumed, tiny_target, data, stream, recipe, tmp_path / "paused", "eagle", max_minutes=0)
     assert not paused["finished"] and paused["steps"] == 1
-    train_head(resumed, tiny_target, stream, stream, recipe, tmp_path / "paused", "eagle")
+    train_head(resumed, tiny_target, data, stream, recipe, tmp_path / "paused", "eagle")
     for (name, a), b in zip(head.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
 
@@ -84,6 +86,7 @@ def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, t
     # The token streams are cached in the work folder: a synthetic one stands in for the tokenised corpus.
     (runs / "tiny").mkdir(parents=True)
     torch.save({"train": repetitive_stream(), "val": repetitive_stream(700)}, runs / "tiny" / "streams.pt")
+    torch.save(repetitive_stream(1400), runs / "tiny" / "target_outputs.pt")  # and the target-written text
     section = {"eagle1": asdict(tiny_recipe(4)), "eagle3": asdict(tiny_recipe(3, feature_layers=[0, 1, 2],
                                                                                unroll_steps=2, reg_weight=0.0))}
     recipe.extra["eagle"] = section

@@ -139,6 +139,41 @@ def eagle_summary(name: str, figures: dict) -> str:
             f"{figures['acc3']:.2f}.{done}")
 
 
+def eagle_table(figures: dict) -> str:
+    """The EAGLE sweep (`python -m specdec_lab.train.eagle`): every method on the same prompts in one run."""
+    lines = [f"### EAGLE heads against plain decoding and the draft model\n\n{figures['prompts']} held-out "
+             f"prompts, {figures['max_new_tokens']} new tokens, greedy, {figures['hardware']}; trees of depth "
+             f"{figures['tree_depth']} with top-{figures['top_k']} expansion, reranked to n tokens (EAGLE-2). "
+             "Reproduce: `python -m specdec_lab.train.eagle`.\n",
+             "| method | tau | tokens/s | speed-up vs plain | same as plain |", "|---|---|---|---|---|"]
+    for name, row in figures["methods"].items():
+        lines.append(f"| {name} | {row['tau']:.2f} | {row['tokens_per_s']:.0f} | {row['speedup']:.2f}x | "
+                     f"{row['same_as_plain']} |")
+    return "\n".join(lines)
+
+
+def run_shape(run: dict) -> str:
+    return f"{run['steps']} x {run['batch_size']} x {run['seq_len']}"
+
+
+def draft_runs(recipe: dict) -> str:
+    """The draft's optimisation, one phase or two (corpus, then corpus mixed with the target's outputs)."""
+    if not recipe.get("draft_tune_run"):
+        return run_shape(recipe["draft_run"])
+    return f"{run_shape(recipe['draft_run'])} (corpus), then {run_shape(recipe['draft_tune_run'])} (mixed)"
+
+
+def target_outputs_line(recipe: dict) -> list[str]:
+    """The card's line on the target-written training text, if the recipe uses it."""
+    settings = recipe.get("target_outputs")
+    if not settings or not settings["share"] or not recipe.get("draft_tune_run"):
+        return []
+    return [f"- Target-written text: the target's greedy {settings['new_tokens']}-token completions of "
+            f"{settings['prompts']} function prompts from the training files. The draft's second phase, the "
+            f"Medusa heads and the EAGLE heads draw {settings['share']:.0%} of each batch from it: they are "
+            "scored on the target's outputs, so they learn from them (sequence-level distillation)."]
+
+
 def write_model_card(zoo_dir: str | Path) -> Path:
     """Render `MODEL_CARD.md` from `recipe.json` and `training.json` (which must hold an evaluation)."""
     zoo_dir = Path(zoo_dir)
@@ -168,6 +203,7 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"`{corpus['fingerprint']}`. Another Python version has a different standard library and fingerprint.",
         f"- Tokenizer: byte-level BPE, {recipe['vocab_size']} tokens (`tokenizer/`), `<|endoftext|>` = id 0; "
         "encode/decode round-trips any source exactly.",
+        *target_outputs_line(recipe),
         "",
         "## Models",
         "",
@@ -176,9 +212,7 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"| architecture | {shape(recipe['target'])} | {shape(recipe['draft'])} |",
         f"| parameters | {tgt['parameters'] / 1e6:.2f}M | {dft['parameters'] / 1e6:.2f}M |",
         "| objective | next-token cross-entropy | KL to the target's distribution (distillation) |",
-        f"| steps x batch x length | {tgt['steps']} x {recipe['target_run']['batch_size']} x "
-        f"{recipe['target_run']['seq_len']} | {dft['steps']} x {recipe['draft_run']['batch_size']} x "
-        f"{recipe['draft_run']['seq_len']} |",
+        f"| steps x batch x length | {run_shape(recipe['target_run'])} | {draft_runs(recipe)} |",
         f"| tokens seen | {tgt['tokens_seen'] / 1e6:.1f}M | {dft['tokens_seen'] / 1e6:.1f}M |",
         f"| training time | {tgt['train_seconds'] / 60:.0f} min | {dft['train_seconds'] / 60:.0f} min |",
         f"| hardware | {tgt['hardware']} | {dft['hardware']} |",
@@ -209,6 +243,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
             lines += ["", results[section]["card"]]
         elif section.startswith("eagle") and section in results:
             lines += ["", eagle_summary(section, results[section])]
+    if "eagle_heldout" in results:
+        lines += ["", eagle_table(results["eagle_heldout"])]
     lines += ["", "## Sample completions (target, greedy)", ""]
     for sample in ev["samples"]:
         lines += ["```python", sample["prompt"] + sample["completion"], "```", ""]
@@ -216,7 +252,7 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         "## Reproduce",
         "",
         "```bash",
-        "specdec train all     # tokenizer, target, draft (resumable; see recipe.json)",
+        "specdec train all     # tokenizer, target, draft, heads, card (resumable; see recipe.json)",
         "specdec train card    # re-measure and rewrite this card",
         "```",
         "",

@@ -92,12 +92,21 @@ def heldout_prompts(count: int = 100, corpus: Corpus | None = None) -> list[str]
     """Prompts from the validation files: a function's signature and docstring, ready to be completed.
 
     count: how many (in corpus order, at most one per function); corpus: where to read (default: stdlib).
-    Each prompt ends right after the docstring's closing quotes (no trailing newline).
     Models never saw these files in training, so completions measure generalisation, not recall.
     """
+    return function_prompts("val", count, corpus)
+
+
+def function_prompts(split: str, count: int, corpus: Corpus | None = None) -> list[str]:
+    """A function's signature and docstring from each documented function of one split, in corpus order.
+
+    split: "train" or "val"; count: the most to return; corpus: where to read (default: stdlib).
+    Each prompt ends right after the docstring's closing quotes (no trailing newline).
+    """
     corpus = corpus or load_corpus()
+    files = {"train": corpus.train_files, "val": corpus.val_files}[split]
     prompts: list[str] = []
-    for rel in corpus.val_files:
+    for rel in files:
         source = corpus.read(rel)
         try:
             tree = ast.parse(source)

@@ -31,10 +31,11 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from specdec_lab.drafters.eagle import EagleConfig, EagleHead, additive_mask
-from specdec_lab.train.lm import fixed_eval_batches, sample_batch
+from specdec_lab.train.lm import fixed_eval_batches
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
-from specdec_lab.train.zoo import hardware, record_result, token_streams
+from specdec_lab.train.target_outputs import TrainingMix
+from specdec_lab.train.zoo import hardware, record_result, training_data
 
 # Zoo folder and training.json entry of each variant.
 VARIANTS = {"eagle1": "eagle", "eagle3": "eagle3"}
@@ -146,7 +147,7 @@ def eagle_losses(head: EagleHead, target: LlamaForCausalLM, batch: torch.Tensor,
     return results
 
 
-def train_head(head: EagleHead, target: LlamaForCausalLM, train_stream: torch.Tensor, val_stream: torch.Tensor,
+def train_head(head: EagleHead, target: LlamaForCausalLM, data: TrainingMix, val_stream: torch.Tensor,
                recipe: EagleRecipe, workdir: Path, desc: str, max_minutes: float | None = None) -> dict:
     """Train `head` on the frozen `target`; returns validation figures (per-step agreement with the target's
     argmax when unrolled `EVAL_STEPS` steps, and the step-1 token loss) plus timing."""
@@ -156,7 +157,7 @@ def train_head(head: EagleHead, target: LlamaForCausalLM, train_stream: torch.Te
 
     def loss_on_batch(step: int) -> torch.Tensor:
         seed = run.seed * 1_000_003 + step
-        batch = sample_batch(train_stream, run.batch_size, run.seq_len, seed)
+        batch = data.batch(run.batch_size, run.seq_len, seed)
         per_step = eagle_losses(head, target, batch, recipe.unroll_steps, recipe.feature_noise, seed)
         total = sum(recipe.reg_weight * r["reg"] + recipe.cls_weight * r["cls"] for r in per_step)
         return total / len(per_step)
@@ -208,13 +209,13 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
     recipe = eagle_section(recipe_path, target.config.num_hidden_layers)[variant]
     workdir = Path(workdir) / zoo.name
-    train_stream, val_stream = token_streams(zoo, zoo_dir, workdir)
+    data, val_stream = training_data(zoo, zoo_dir, workdir, target)
     config = EagleConfig.from_target(target, recipe.feature_layers, variant)
     torch.manual_seed(recipe.run.seed)
     head = EagleHead(config).attach(target)
     if recipe.init_from_layer is not None:
         head.init_from_target_layer(target, recipe.init_from_layer)
-    result = train_head(head, target, train_stream, val_stream, recipe, workdir / variant, variant, max_minutes)
+    result = train_head(head, target, data, val_stream, recipe, workdir / variant, variant, max_minutes)
     if not result["finished"]:
         print(f"{variant}: paused at step {result['steps']}; run the same command again to resume")
         if not export_partial:

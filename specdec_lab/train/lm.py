@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import ModelShape, RunConfig
+
+if TYPE_CHECKING:
+    from specdec_lab.train.target_outputs import TrainingMix
 
 
 def build_llama(shape: ModelShape, vocab_size: int, eos_token_id: int, seed: int) -> LlamaForCausalLM:
@@ -85,15 +89,19 @@ def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_str
     return train(model, loss_on_batch, evaluate, run, workdir, "target", max_minutes)
 
 
-def distill_draft(draft: LlamaForCausalLM, target: LlamaForCausalLM, train_stream: torch.Tensor,
+def distill_draft(draft: LlamaForCausalLM, target: LlamaForCausalLM, data: TrainingMix,
                   val_stream: torch.Tensor, run: RunConfig, workdir: Path,
                   max_minutes: float | None = None) -> dict:
-    """Train the draft on KL(p_target || q_draft); returns its validation loss and greedy agreement."""
+    """Train the draft on KL(p_target || q_draft); returns its validation loss and greedy agreement.
+
+    data: where training windows come from (corpus, optionally mixed with target-written text);
+    val_stream: corpus validation tokens; run: optimisation settings; workdir: checkpoints and log.
+    """
     target.eval().requires_grad_(False)
     val = fixed_eval_batches(val_stream, run)
 
     def loss_on_batch(step: int) -> torch.Tensor:
-        batch = sample_batch(train_stream, run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
+        batch = data.batch(run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
         with torch.no_grad():
             p_log = F.log_softmax(target(batch[:, :-1]).logits, dim=-1)
         q_log = F.log_softmax(draft(batch[:, :-1]).logits, dim=-1)

@@ -24,10 +24,11 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
-from specdec_lab.train.lm import fixed_eval_batches, sample_batch
+from specdec_lab.train.lm import fixed_eval_batches
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
-from specdec_lab.train.zoo import hardware, record_result, token_streams
+from specdec_lab.train.target_outputs import TrainingMix
+from specdec_lab.train.zoo import hardware, record_result, training_data
 from specdec_lab.tree import expected_accepted, sparse_tree
 
 SECTION = "medusa"
@@ -115,7 +116,7 @@ def rank_accuracy(target: LlamaForCausalLM, heads: MedusaHeads, batches: list[to
     return hits / counts[:, None]
 
 
-def train_heads(target: LlamaForCausalLM, train_stream: torch.Tensor, val_stream: torch.Tensor,
+def train_heads(target: LlamaForCausalLM, data: TrainingMix, val_stream: torch.Tensor,
                 config: MedusaRecipe, workdir: Path, max_minutes: float | None = None) -> tuple[MedusaHeads, dict]:
     """Train fresh heads on the frozen `target` (resuming from `workdir`); returns them and the loop's result."""
     target.eval().requires_grad_(False)
@@ -126,7 +127,7 @@ def train_heads(target: LlamaForCausalLM, train_stream: torch.Tensor, val_stream
     val = fixed_eval_batches(val_stream, run)
 
     def loss_on_batch(step: int) -> torch.Tensor:
-        batch = sample_batch(train_stream, run.batch_size, run.seq_len, run.seed * 1_000_003 + 7_919 + step)
+        batch = data.batch(run.batch_size, run.seq_len, run.seed * 1_000_003 + 7_919 + step)
         losses = head_losses(target, heads, batch)
         return sum(w * loss for w, loss in zip(weights, losses, strict=True)) / sum(weights)
 
@@ -250,8 +251,8 @@ def run_medusa_stage(recipe_path: str | Path, workdir: str | Path, max_minutes: 
     if not (zoo_dir / "target" / "config.json").exists():
         raise FileNotFoundError(f"the Medusa stage needs the zoo target in {zoo_dir / 'target'}; train it first")
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
-    train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
-    heads, result = train_heads(target, train_stream, val_stream, config, workdir / "medusa", max_minutes)
+    data, val_stream = training_data(recipe, zoo_dir, workdir, target)
+    heads, result = train_heads(target, data, val_stream, config, workdir / "medusa", max_minutes)
     if not result["finished"]:
         print(f"medusa: paused at step {result['steps']}; run the same command again to resume")
         return result

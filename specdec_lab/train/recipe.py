@@ -41,6 +41,22 @@ class RunConfig:
 
 
 @dataclass
+class TargetOutputs:
+    """The target-written training text that the draft and the heads also learn from.
+
+    prompts: how many training-split function prompts the target completes; new_tokens: greedy tokens per
+    completion; max_prompt_tokens: prompts are cut to their last this many tokens; batch_size: prompts per
+    generation batch; share: fraction of each draft/head training batch drawn from this text (the rest is corpus).
+    """
+
+    prompts: int = 4096
+    new_tokens: int = 128
+    max_prompt_tokens: int = 160
+    batch_size: int = 64
+    share: float = 0.5
+
+
+@dataclass
 class ZooRecipe:
     """Everything needed to rebuild a zoo folder from scratch."""
 
@@ -51,6 +67,9 @@ class ZooRecipe:
     draft: ModelShape = field(default_factory=lambda: ModelShape(128, 2, 2, 384))
     target_run: RunConfig = field(default_factory=lambda: RunConfig(steps=1400))
     draft_run: RunConfig = field(default_factory=lambda: RunConfig(steps=600, lr=3e-3))
+    # Second draft phase, on a mix of corpus and target outputs (None: corpus distillation only).
+    draft_tune_run: RunConfig | None = None
+    target_outputs: TargetOutputs = field(default_factory=TargetOutputs)
     # Sections owned by other stages (e.g. "medusa", "eagle"): kept verbatim, read by their own code.
     extra: dict = field(default_factory=dict)
 
@@ -70,7 +89,9 @@ class ZooRecipe:
         for key, typ in (("target", ModelShape), ("draft", ModelShape)):
             if key in kwargs:
                 kwargs[key] = typ(**kwargs[key])
-        for key in ("target_run", "draft_run"):
-            if key in kwargs:
+        for key in ("target_run", "draft_run", "draft_tune_run"):
+            if kwargs.get(key) is not None:
                 kwargs[key] = RunConfig(**kwargs[key])
+        if "target_outputs" in kwargs:
+            kwargs["target_outputs"] = TargetOutputs(**kwargs["target_outputs"])
         return cls(**kwargs, extra=extra)

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 from specdec_lab.train.corpus import load_corpus
 from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
 from specdec_lab.train.recipe import ZooRecipe
+from specdec_lab.train.target_outputs import TrainingMix, target_output_stream
 from specdec_lab.train.tokenizer import train_tokenizer
 
 STAGES = ("tokenizer", "target", "draft")
@@ -61,6 +62,43 @@ def token_streams(recipe: ZooRecipe, zoo_dir: Path, workdir: Path) -> tuple[torc
     return train_stream, val_stream
 
 
+def training_data(recipe: ZooRecipe, zoo_dir: Path, workdir: Path,
+                  target: LlamaForCausalLM) -> tuple[TrainingMix, torch.Tensor]:
+    """What the draft's second phase and the heads train on: corpus plus the target's own completions
+    (generated once, cached in `workdir`), and the corpus validation stream they are evaluated on."""
+    train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
+    settings = recipe.target_outputs
+    if settings.prompts == 0 or settings.share == 0:
+        return TrainingMix(train_stream), val_stream
+    outputs = target_output_stream(target, zoo_dir / "tokenizer", settings, recipe.val_percent,
+                                   workdir / "target_outputs.pt")
+    return TrainingMix(train_stream, outputs, settings.share), val_stream
+
+
+def tokens_seen(recipe: ZooRecipe, stage: str) -> int:
+    """Training tokens of the target or of the draft (both draft phases)."""
+    runs = [recipe.target_run] if stage == "target" else [recipe.draft_run, recipe.draft_tune_run]
+    return sum(r.steps * r.batch_size * r.seq_len for r in runs if r is not None)
+
+
+def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workdir: Path,
+                max_minutes: float | None) -> dict:
+    """Distil the draft in two phases: on the corpus, then (if the recipe has `draft_tune_run`) on corpus
+    mixed with the target's own completions. Each phase resumes from its own checkpoint."""
+    target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
+    train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
+    result = distill_draft(draft, target, TrainingMix(train_stream), val_stream, recipe.draft_run,
+                           workdir / "draft", max_minutes)
+    if not result["finished"] or recipe.draft_tune_run is None:
+        return result
+    mix, _ = training_data(recipe, zoo_dir, workdir, target)
+    phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, workdir / "draft-tune",
+                              max_minutes)
+    phase_two["steps"] += result["steps"]
+    phase_two["train_seconds"] = round(phase_two["train_seconds"] + result["train_seconds"], 1)
+    return phase_two
+
+
 def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minutes: float | None = None) -> dict:
     """Run one zoo stage ("tokenizer", "target" or "draft") and write its output into the zoo folder.
 
@@ -85,14 +123,12 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
         if stage == "target":
             result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes)
         else:
-            target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
-            result = distill_draft(model, target, train_stream, val_stream, run, workdir / "draft", max_minutes)
+            result = train_draft(recipe, model, zoo_dir, workdir, max_minutes)
         if not result["finished"]:
             print(f"{stage}: paused at step {result['steps']}; run the same command again to resume")
             return result
         export_fp16(model, zoo_dir / stage)
-        result.update(parameters=sum(p.numel() for p in model.parameters()),
-                      tokens_seen=run.steps * run.batch_size * run.seq_len)
+        result.update(parameters=sum(p.numel() for p in model.parameters()), tokens_seen=tokens_seen(recipe, stage))
     else:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
     result.update(hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1))

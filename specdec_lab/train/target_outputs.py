@@ -1,0 +1,80 @@
+"""Training text written by the target itself, so that drafters learn what the target will actually say.
+
+Speculative decoding is scored on the target's own outputs, not on human-written text. A drafter that also
+trains on the target's greedy completions (sequence-level distillation: DistillSpec, Medusa-2's
+self-distillation) agrees with the target more often than one trained on the corpus alone. The completions
+start from training-split prompts, so the held-out prompts stay unseen.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
+
+from specdec_lab.train.corpus import function_prompts, load_corpus
+from specdec_lab.train.lm import sample_batch
+from specdec_lab.train.recipe import TargetOutputs
+
+
+@torch.no_grad()
+def complete_prompts(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                     settings: TargetOutputs) -> torch.Tensor:
+    """Each prompt followed by the target's greedy completion and end-of-text, as one int32 token stream.
+
+    prompts: the texts to complete; settings: completion length, prompt cut-off and batch size.
+    """
+    tokenizer = copy.copy(tokenizer)  # pad and cut on the left: completions must follow the prompt's end
+    tokenizer.padding_side = tokenizer.truncation_side = "left"
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for start in tqdm(range(0, len(prompts), settings.batch_size), desc="target outputs", dynamic_ncols=True):
+        batch = tokenizer(prompts[start : start + settings.batch_size], return_tensors="pt", padding=True,
+                          truncation=True, max_length=settings.max_prompt_tokens, add_special_tokens=False)
+        out = target.generate(**batch, max_new_tokens=settings.new_tokens, do_sample=False, pad_token_id=eos)
+        for row, mask in zip(out.tolist(), batch["attention_mask"].tolist(), strict=True):
+            prompt = row[len(mask) - sum(mask) : len(mask)]  # drop the left padding
+            completion = row[len(mask) :]
+            if eos in completion:  # the model ended the text itself: keep that end, drop the padding after it
+                completion = completion[: completion.index(eos)]
+            stream.extend(prompt + completion + [eos])
+    return torch.tensor(stream, dtype=torch.int32)
+
+
+def target_output_stream(target: LlamaForCausalLM, tokenizer_dir: Path, settings: TargetOutputs,
+                         val_percent: int, cache: Path) -> torch.Tensor:
+    """The target-written stream, generated once and cached at `cache` (it takes minutes on a CPU).
+
+    tokenizer_dir: the zoo's tokenizer folder; val_percent: the corpus split, so prompts come from training
+    files only.
+    """
+    if cache.exists():
+        return torch.load(cache)
+    prompts = function_prompts("train", settings.prompts, load_corpus(val_percent=val_percent))
+    stream = complete_prompts(target, AutoTokenizer.from_pretrained(str(tokenizer_dir)), prompts, settings)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    torch.save(stream, tmp)
+    tmp.replace(cache)
+    return stream
+
+
+@dataclass
+class TrainingMix:
+    """Where training windows come from: the corpus, plus optionally a share of target-written text."""
+
+    corpus: torch.Tensor
+    outputs: torch.Tensor | None = None
+    share: float = 0.0
+
+    def batch(self, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
+        """`batch_size` windows of `seq_len + 1` tokens; `share` of the rows from the target's outputs."""
+        from_outputs = round(batch_size * self.share) if self.outputs is not None else 0
+        rows = [sample_batch(self.corpus, batch_size - from_outputs, seq_len, seed)]
+        if from_outputs:
+            rows.append(sample_batch(self.outputs, from_outputs, seq_len, seed + 500_009))
+        return torch.cat(rows)
