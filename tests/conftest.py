@@ -7,11 +7,15 @@ share the machine.
 from __future__ import annotations
 
 import itertools
+import shutil
 import warnings
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec_lab.models import zoo_path
+from specdec_lab.train.recipe import ModelShape, RunConfig, TargetOutputs, ZooRecipe
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
@@ -126,8 +130,6 @@ def saved_models(tmp_path_factory):
     vocabulary. Returns the root folder."""
     from transformers import AutoTokenizer
 
-    from specdec_lab.models import zoo_path
-
     root = tmp_path_factory.mktemp("saved-models")
     tokenizer = AutoTokenizer.from_pretrained(str(zoo_path() / "tokenizer"))
     tokenizer.save_pretrained(str(root / "tokenizer"))
@@ -167,3 +169,29 @@ def sequence_probabilities():
         return sequences, exact
 
     return enumerate_sequences
+
+
+@pytest.fixture
+def tiny_zoo():
+    """Builds a throw-away zoo for the training stages: `tiny_zoo(tmp_path, tune)` -> (zoo folder, work folder)."""
+    return build_tiny_zoo
+
+
+def build_tiny_zoo(tmp_path, tune: bool) -> tuple:
+    """A zoo folder with the real tokenizer, a tiny random target and a recipe for a tiny draft; the work
+    folder holds synthetic token streams (what tokenising the corpus and completing prompts would cache)."""
+    zoo, runs = tmp_path / "zoo", tmp_path / "runs"
+    shutil.copytree(zoo_path() / "tokenizer", zoo / "tokenizer")
+    make_llama(vocab_size=4096, hidden_size=32, num_layers=1, seed=0, eos_token_id=0).save_pretrained(
+        str(zoo / "target"))
+    run = RunConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1, eval_every=3, eval_batches=1)
+    recipe = ZooRecipe("tiny", draft=ModelShape(16, 1, 2, 32, 64), draft_run=run,
+                       draft_tune_run=RunConfig(**{**run.__dict__, "steps": 2}) if tune else None,
+                       target_outputs=TargetOutputs(prompts=4, share=0.5))
+    recipe.save(zoo / "recipe.json")
+    gen = torch.Generator().manual_seed(0)
+    (runs / "tiny").mkdir(parents=True)
+    torch.save({"train": torch.randint(1, 4096, (2000,), generator=gen, dtype=torch.int32),
+                "val": torch.randint(1, 4096, (500,), generator=gen, dtype=torch.int32)}, runs / "tiny" / "streams.pt")
+    torch.save(torch.randint(1, 4096, (800,), generator=gen, dtype=torch.int32), runs / "tiny" / "target_outputs.pt")
+    return zoo, runs
