@@ -55,16 +55,18 @@ class BenchConfig:
 
     methods: method names to run (None = every available one; the baseline always runs); k: tokens drafted
     per step by the draft-model methods; lookup_k / lookup_ngram: draft length and longest n-gram of the
-    prompt-lookup methods; temperature / top_k / top_p: sampling (temperature 0 = greedy); prompts: prompts per
-    set; max_new_tokens: tokens per prompt; repeats: timed passes (median reported); warmup: untimed passes
-    over the first prompt; threads: torch CPU threads (pinned); seed: base seed (prompt i uses seed + i);
-    prompt_sets: which sets to run; target / draft: model folders (None = the zoo); progress: show a tqdm bar.
+    prompt-lookup methods; tree_tokens: nodes of the EAGLE-2 trees (their verification budget);
+    temperature / top_k / top_p: sampling (temperature 0 = greedy); prompts: prompts per set; max_new_tokens:
+    tokens per prompt; repeats: timed passes (median reported); warmup: untimed passes over the first prompt;
+    threads: torch CPU threads (pinned); seed: base seed (prompt i uses seed + i); prompt_sets: which sets to
+    run; target / draft: model folders (None = the zoo); progress: show a tqdm bar.
     """
 
     methods: list[str] | None = None
     k: int = 4
     lookup_k: int = 10
     lookup_ngram: int = 3
+    tree_tokens: int = 16
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
@@ -81,7 +83,8 @@ class BenchConfig:
 
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot work."""
-        for name in ("k", "lookup_k", "lookup_ngram", "prompts", "max_new_tokens", "repeats", "threads"):
+        for name in ("k", "lookup_k", "lookup_ngram", "tree_tokens", "prompts", "max_new_tokens", "repeats",
+                     "threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -390,7 +393,8 @@ def make_medusa(acceptance: str) -> Callable:
 
 
 def make_eagle(mode: str) -> Callable:
-    """EAGLE heads load with `EagleHead.load(folder, target)`; chains draft k tokens, trees use the defaults."""
+    """EAGLE heads load with `EagleHead.load(folder, target)`; chains draft k tokens, trees keep `tree_tokens`
+    nodes (depth and top-k at the drafter's defaults)."""
 
     def make(drafter_class, path: Path, context: BenchContext):
         from specdec_lab.drafters.eagle import EagleHead
@@ -398,7 +402,7 @@ def make_eagle(mode: str) -> Callable:
         head = EagleHead.load(path, context.pair.target)
         if mode == "chain":
             return drafter_class(head, mode="chain", depth=context.config.k)
-        return drafter_class(head, mode="tree")
+        return drafter_class(head, mode="tree", total_tokens=context.config.tree_tokens)
 
     return make
 
@@ -703,8 +707,8 @@ def summarise_set(records: dict[str, MethodRecord], prompts: list[Prompt], confi
 
 def settings_dict(config: BenchConfig) -> dict:
     """The settings as recorded in the output (the progress flag is not a setting of the measurement)."""
-    keys = ("k", "lookup_k", "lookup_ngram", "temperature", "top_k", "top_p", "prompts", "max_new_tokens",
-            "repeats", "warmup", "threads", "seed")
+    keys = ("k", "lookup_k", "lookup_ngram", "tree_tokens", "temperature", "top_k", "top_p", "prompts",
+            "max_new_tokens", "repeats", "warmup", "threads", "seed")
     return {key: getattr(config, key) for key in keys} | {"baseline": BASELINE}
 
 

@@ -149,7 +149,8 @@ def cmd_bench(args) -> None:
     from specdec_lab.bench import BenchConfig, run_benchmark
 
     config = BenchConfig(methods=args.methods.split(",") if args.methods else None, k=args.k,
-                         lookup_k=args.lookup_k, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         lookup_k=args.lookup_k, tree_tokens=args.tree_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p,
                          prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          warmup=args.warmup, threads=args.threads, seed=args.seed,
                          prompt_sets=tuple(args.sets.split(",")), target=args.target, draft=args.draft)
@@ -223,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "eagle-tree eagle3-tree lookahead; the hf-generate baseline always runs)")
     bench.add_argument("--k", type=int, default=4, help="tokens drafted per step by draft models (default: 4)")
     bench.add_argument("--lookup-k", type=int, default=10, help="most tokens drafted by prompt lookup (default: 10)")
+    bench.add_argument("--tree-tokens", type=int, default=16,
+                       help="nodes per EAGLE-2 tree, its verification budget (default: 16)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     bench.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
     bench.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")

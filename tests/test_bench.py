@@ -162,6 +162,8 @@ def test_efficiency_matches_the_closed_form():
 def test_bad_settings_name_the_problem():
     with pytest.raises(ValueError, match="repeats"):
         BenchConfig(repeats=0).check()
+    with pytest.raises(ValueError, match="tree_tokens"):
+        BenchConfig(tree_tokens=0).check()
     with pytest.raises(ValueError, match="prompt sets"):
         BenchConfig(prompt_sets=("poems",)).check()
     assert torch.get_num_threads() >= 1
