@@ -85,9 +85,9 @@ def test_speculative_equals_plain_greedy_on_heldout_prompts(pair):
         assert spec.tokens == plain.tokens, text
         drafted += spec.stats.drafted
         accepted += spec.stats.accepted
-    # A regression guard on the distilled draft (the card measures 0.55 on 100 prompts; the course's goal of
-    # 0.6 needs a longer-trained draft). A swapped or untrained draft accepts far less than this.
-    assert accepted / drafted >= 0.45
+    # The zoo's goal: greedy acceptance at k = 4 of at least 0.6 (these 20 prompts measure 0.63; the card's
+    # 100 prompts 0.66). A swapped draft, or one distilled on the corpus alone (0.55), fails.
+    assert accepted / drafted >= 0.6
 
 
 def test_plain_decoding_equals_hugging_face_generate(pair):
