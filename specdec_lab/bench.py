@@ -124,16 +124,21 @@ def documented_functions(source: str) -> list[tuple[ast.FunctionDef, list[str]]]
 
 
 def signature_and_docstring(node: ast.FunctionDef, lines: list[str]) -> str:
-    """The function's header and docstring, dedented: what a held-out prompt shows."""
+    """The function's header and docstring, dedented: what a held-out prompt shows.
+
+    Prompts end on their last character, never on a newline: the tokenizer merges a newline with the next
+    line's indentation, so a prompt ending in a bare newline would look like a dedent to the model.
+    """
     docstring_end = node.body[0].end_lineno
-    return textwrap.dedent("\n".join(lines[node.lineno - 1 : docstring_end])) + "\n"
+    return textwrap.dedent("\n".join(lines[node.lineno - 1 : docstring_end]))
 
 
 def shown_then_repeated(node: ast.FunctionDef, lines: list[str]) -> str:
-    """The whole function, then a comment and its header again: the continuation repeats the prompt."""
+    """The whole function, then a comment and its header again: the continuation repeats the prompt (ending,
+    like every prompt, without a newline)."""
     whole = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.end_lineno]))
     header = whole.splitlines()[: node.body[0].lineno - node.lineno]
-    return f"{whole}\n\n\n# {node.name}, copied unchanged:\n" + "\n".join(header) + "\n"
+    return f"{whole}\n\n\n# {node.name}, copied unchanged:\n" + "\n".join(header)
 
 
 def corpus_prompts(kind: str, tokenizer, count: int, max_tokens: int) -> list[Prompt]:

@@ -104,3 +104,6 @@ def test_model_card_states_the_measured_figures(card):
                    f"{ev['greedy_acceptance_rate']:.3f}", f"{ev['greedy_tau']:.2f}"):
         assert figure in text
     assert "specdec train all" in text
+    for name, row in card["eagle_heldout"]["methods"].items():  # the EAGLE sweep, method by method
+        assert f"| {name} | {row['tau']:.2f} | {row['tokens_per_s']:.0f} |" in text
+    assert card["medusa"]["card"] in text

@@ -144,7 +144,7 @@ def eagle_table(figures: dict) -> str:
     lines = [f"### EAGLE heads against plain decoding and the draft model\n\n{figures['prompts']} held-out "
              f"prompts, {figures['max_new_tokens']} new tokens, greedy, {figures['hardware']}; trees of depth "
              f"{figures['tree_depth']} with top-{figures['top_k']} expansion, reranked to n tokens (EAGLE-2). "
-             "Reproduce: `python -m specdec_lab.train.eagle`.\n",
+             f"Reproduce: `{figures.get('command', 'python -m specdec_lab.train.eagle')}`.\n",
              "| method | tau | tokens/s | speed-up vs plain | same as plain |", "|---|---|---|---|---|"]
     for name, row in figures["methods"].items():
         lines.append(f"| {name} | {row['tau']:.2f} | {row['tokens_per_s']:.0f} | {row['speedup']:.2f}x | "

@@ -304,6 +304,7 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
 def main(argv: list[str] | None = None) -> None:
     """Command line: measure the zoo heads and record the figures in training.json ("eagle_heldout")."""
     import argparse
+    import sys
 
     from specdec_lab.models import zoo_path
 
@@ -324,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
 
     result = measure_heads(args.prompts, args.max_new_tokens, args.depth, args.tree_depth, args.top_k,
                            ints(args.budgets), ints(args.variant_budgets), ints(args.draft_ks), args.threads)
+    result["command"] = " ".join(["python -m specdec_lab.train.eagle", *(sys.argv[1:] if argv is None else argv)])
     print(json.dumps(result, indent=2))
     if not args.no_record:
         record_result(zoo_path(), "eagle_heldout", result)
