@@ -67,12 +67,18 @@ def training_data(recipe: ZooRecipe, zoo_dir: Path, workdir: Path,
     """What the draft's second phase and the heads train on: corpus plus the target's own completions
     (generated once, cached in `workdir`), and the corpus validation stream they are evaluated on."""
     train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
+    return with_target_outputs(recipe, zoo_dir, workdir, target, train_stream), val_stream
+
+
+def with_target_outputs(recipe: ZooRecipe, zoo_dir: Path, workdir: Path, target: LlamaForCausalLM,
+                        train_stream: torch.Tensor) -> TrainingMix:
+    """The corpus training stream mixed with the target's completions, as the recipe asks (or alone)."""
     settings = recipe.target_outputs
     if settings.prompts == 0 or settings.share == 0:
-        return TrainingMix(train_stream), val_stream
+        return TrainingMix(train_stream)
     outputs = target_output_stream(target, zoo_dir / "tokenizer", settings, recipe.val_percent,
                                    workdir / "target_outputs.pt")
-    return TrainingMix(train_stream, outputs, settings.share), val_stream
+    return TrainingMix(train_stream, outputs, settings.share)
 
 
 def tokens_seen(recipe: ZooRecipe, stage: str) -> int:
@@ -82,16 +88,19 @@ def tokens_seen(recipe: ZooRecipe, stage: str) -> int:
 
 
 def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workdir: Path,
-                max_minutes: float | None) -> dict:
+                streams: tuple[torch.Tensor, torch.Tensor], max_minutes: float | None) -> dict:
     """Distil the draft in two phases: on the corpus, then (if the recipe has `draft_tune_run`) on corpus
-    mixed with the target's own completions. Each phase resumes from its own checkpoint."""
+    mixed with the target's own completions. Each phase resumes from its own checkpoint.
+
+    streams: the corpus train and validation tokens.
+    """
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
-    train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
+    train_stream, val_stream = streams
     result = distill_draft(draft, target, TrainingMix(train_stream), val_stream, recipe.draft_run,
                            workdir / "draft", max_minutes)
     if not result["finished"] or recipe.draft_tune_run is None:
         return result
-    mix, _ = training_data(recipe, zoo_dir, workdir, target)
+    mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream)
     phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, workdir / "draft-tune",
                               max_minutes)
     phase_two["steps"] += result["steps"]
@@ -123,7 +132,7 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
         if stage == "target":
             result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes)
         else:
-            result = train_draft(recipe, model, zoo_dir, workdir, max_minutes)
+            result = train_draft(recipe, model, zoo_dir, workdir, (train_stream, val_stream), max_minutes)
         if not result["finished"]:
             print(f"{stage}: paused at step {result['steps']}; run the same command again to resume")
             return result
