@@ -18,7 +18,7 @@ from transformers.utils import logging as hf_logging
 hf_logging.disable_progress_bar()
 
 ZOO_ROOT = Path(__file__).parent / "zoo"
-DEFAULT_ZOO = "stdlib-12m"
+DEFAULT_ZOO = "stdlib-14m"
 
 
 @dataclass

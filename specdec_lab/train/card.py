@@ -184,7 +184,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
     corpus = results["tokenizer"]["corpus"]
 
     def shape(s: dict) -> str:
-        return (f"Llama, hidden {s['hidden_size']}, {s['num_layers']} layers, {s['num_heads']} heads, "
+        layers = f"{s['num_layers']} layer" + ("s" if s["num_layers"] != 1 else "")
+        return (f"Llama, hidden {s['hidden_size']}, {layers}, {s['num_heads']} heads, "
                 f"MLP {s['intermediate_size']}, context {s['max_position_embeddings']}")
 
     lines = [
@@ -193,8 +194,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         "A target and a draft model for teaching speculative decoding, trained from scratch by "
         "`specdec_lab/train/` on the Python standard library's source code. Code is repetitive and "
         "predictable, which is where speculative decoding shines. Small on purpose: everything runs on a "
-        "laptop CPU in seconds. The completions look like Python but these are 12M-parameter models: "
-        "expect plausible code, not correct programs.",
+        "laptop CPU in seconds. The completions look like Python, but the target has only "
+        f"{tgt['parameters'] / 1e6:.0f}M parameters: expect plausible code, not correct programs.",
         "",
         "## Data",
         "",

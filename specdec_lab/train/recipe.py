@@ -63,8 +63,10 @@ class ZooRecipe:
     name: str
     vocab_size: int = 4096
     val_percent: int = 5
-    target: ModelShape = field(default_factory=lambda: ModelShape(384, 6, 6, 1024))
-    draft: ModelShape = field(default_factory=lambda: ModelShape(128, 2, 2, 384))
+    # Deep and narrow target, one-layer draft: at this size a CPU forward's cost follows the layer count
+    # (per-layer overhead), so these shapes give the ~10x target/draft cost ratio that speculation needs.
+    target: ModelShape = field(default_factory=lambda: ModelShape(256, 16, 4, 704))
+    draft: ModelShape = field(default_factory=lambda: ModelShape(128, 1, 2, 384))
     target_run: RunConfig = field(default_factory=lambda: RunConfig(steps=1400))
     draft_run: RunConfig = field(default_factory=lambda: RunConfig(steps=600, lr=3e-3))
     # Second draft phase, on a mix of corpus and target outputs (None: corpus distillation only).

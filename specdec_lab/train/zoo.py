@@ -28,7 +28,8 @@ def hardware() -> str:
     """A one-line description of what trained a model (recorded in the model card)."""
     if torch.cuda.is_available():
         return f"CUDA: {torch.cuda.get_device_name(0)}"
-    return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"CPU: {platform.processor() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def record_result(zoo_dir: Path, stage: str, result: dict) -> None:
