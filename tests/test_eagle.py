@@ -17,7 +17,8 @@ from specdec_lab.models import zoo_path
 from specdec_lab.sampling import SamplingConfig, process_logits
 from specdec_lab.tree import DraftTree
 
-MODES = {"chain": dict(mode="chain", depth=4), "tree": dict(mode="tree", depth=4, top_k=3, total_tokens=10)}
+MODES = {"chain": dict(mode="chain", depth=4), "tree": dict(mode="tree", depth=4, top_k=3, total_tokens=10),
+         "sharp-tree": dict(mode="tree", depth=4, top_k=3, total_tokens=10, rank_temperature=0.25)}
 
 
 def random_head(target: torch.nn.Module, seed: int = 0, feature_layers: list[int] | None = None,
@@ -121,11 +122,32 @@ def test_tree_is_eagle2s_best_subtree_with_batched_expansion_matching_sequential
     assert got == reference_eagle2(tiny_head, tiny_target, context, depth=3, top_k=3, total_tokens=10)
 
 
+def test_sharp_ranking_keeps_the_greedy_chain_when_the_budget_is_the_depth(tiny_target, tiny_head):
+    # Near rank_temperature 0 every top child scores ~0 and every other node ~-inf, so a budget of `depth`
+    # nodes keeps exactly the head's greedy chain; at 1.0 the same budget goes partly to siblings.
+    prompt = [5, 17, 3, 42, 8]
+
+    def first_draft(**settings):
+        drafts = []
+        sd.generate(tiny_target, prompt, max_new_tokens=12, eos_token_id=-1,
+                    drafter=EagleDrafter(tiny_head, **settings), on_step=lambda record: drafts.append(record.draft))
+        return drafts[0]
+
+    chain = first_draft(mode="chain", depth=4)
+    sharp = first_draft(mode="tree", depth=4, top_k=3, total_tokens=4, rank_temperature=1e-3)
+    plain = first_draft(mode="tree", depth=4, top_k=3, total_tokens=4)
+    assert sharp.tokens.tolist() == chain.tokens.tolist()
+    assert sharp.parents.tolist() == [-1, 0, 1, 2]
+    assert plain.parents.tolist() != [-1, 0, 1, 2]
+
+
 def test_bad_settings_are_rejected(tiny_target, tiny_head, llama_factory):
     with pytest.raises(ValueError, match="mode"):
         EagleDrafter(tiny_head, mode="beam")
     with pytest.raises(ValueError, match="depth"):
         EagleDrafter(tiny_head, depth=0)
+    with pytest.raises(ValueError, match="rank_temperature"):
+        EagleDrafter(tiny_head, mode="tree", rank_temperature=0.0)
     other = llama_factory(vocab_size=64, hidden_size=32, num_layers=2)
     with pytest.raises(ValueError, match="hidden size"):
         EagleHead(tiny_head.config).attach(other)
@@ -199,8 +221,9 @@ def sample_counts(world, drafter_class, settings, samples: int) -> torch.Tensor:
     return counts
 
 
-SAMPLING_MODES = {"chain": dict(mode="chain", depth=2), "tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4)}
-BROKEN = {"chain": ArgmaxChainClaimingQ, "tree": TreeClaimingUniformQ}
+SAMPLING_MODES = {"chain": dict(mode="chain", depth=2), "tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4),
+                  "sharp-tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4, rank_temperature=0.25)}
+BROKEN = {"chain": ArgmaxChainClaimingQ, "tree": TreeClaimingUniformQ, "sharp-tree": TreeClaimingUniformQ}
 
 
 @pytest.mark.parametrize("mode", SAMPLING_MODES)
@@ -223,8 +246,8 @@ def test_zoo_head_greedy_equals_plain_on_heldout_prompts(mode):
 
     pair = sd.load_pair()
     head = EagleHead.load(ZOO_HEAD, pair.target)
-    settings = dict(mode="chain", depth=5) if mode == "chain" else dict(mode="tree", depth=6, top_k=4,
-                                                                          total_tokens=24)
+    settings = dict(mode="chain", depth=5) if mode == "chain" else dict(
+        mode="tree", depth=6, top_k=4, total_tokens=24, rank_temperature=MODES[mode].get("rank_temperature", 1.0))
     accepted = 0
     for text in heldout_prompts(20):
         ids = pair.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -239,7 +239,12 @@ class EagleDrafter(Drafter):
 
     head: an `EagleHead` (attached to the target it is used with); mode: "chain" or "tree"; depth: tokens
     per chain, or the tree's maximum depth; top_k: children per expanded node and nodes expanded per depth
-    (tree mode); total_tokens: tree nodes kept after the final rerank (the verification budget).
+    (tree mode); total_tokens: tree nodes kept after the final rerank (the verification budget);
+    rank_temperature: the tree ranks nodes by log-softmax(logits / rank_temperature). EAGLE-2 ranks by the
+    head's own confidence (1.0), which works when that confidence tracks acceptance. A head that is right
+    more often than its probabilities say (the zoo's) spends the budget on siblings where depth pays. A value
+    below 1 sharpens the ranking toward each node's top child. It changes which nodes are verified, never what
+    is accepted, so greedy output and losslessness do not depend on it.
 
     Losslessness when sampling. Chain mode draws each token from the head's processed distribution q
     (temperature / top-k / top-p applied as to the target) and hands q to the chain rule of Leviathan et al.
@@ -255,17 +260,20 @@ class EagleDrafter(Drafter):
     needs_hidden_states = True
 
     def __init__(self, head: EagleHead, mode: str = "chain", depth: int = 5, top_k: int = 8,
-                 total_tokens: int = 32):
+                 total_tokens: int = 32, rank_temperature: float = 1.0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         for name, value in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not rank_temperature > 0:
+            raise ValueError(f"rank_temperature must be positive, got {rank_temperature!r}")
         self.head = head
         self.mode = mode
         self.depth = depth
         self.top_k = top_k
         self.total_tokens = total_tokens
+        self.rank_temperature = rank_temperature
         self.cache: DynamicCache | None = None
         self.committed = 0  # head positions fed with the target's true features
         self.last_feature: torch.Tensor | None = None  # the head's prediction after the last true position
@@ -324,7 +332,9 @@ class EagleDrafter(Drafter):
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
 
     def _log_q(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Log draft probabilities under the run's sampling settings (-inf where they remove a token)."""
+        """Log draft probabilities for ranking tree nodes, under the run's sampling settings (-inf where they
+        remove a token), sharpened by `rank_temperature`."""
+        logits = logits / self.rank_temperature
         if state.sampling.greedy:
             return torch.log_softmax(logits, -1)
         return process_logits(logits, state.sampling).log()

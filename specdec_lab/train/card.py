@@ -143,7 +143,8 @@ def eagle_table(figures: dict) -> str:
     """The EAGLE sweep (`python -m specdec_lab.train.eagle`): every method on the same prompts in one run."""
     lines = [f"### EAGLE heads against plain decoding and the draft model\n\n{figures['prompts']} held-out "
              f"prompts, {figures['max_new_tokens']} new tokens, greedy, {figures['hardware']}; trees of depth "
-             f"{figures['tree_depth']} with top-{figures['top_k']} expansion, reranked to n tokens (EAGLE-2). "
+             f"{figures['tree_depth']} with top-{figures['top_k']} expansion, reranked to n tokens (EAGLE-2) by "
+             f"log-softmax(logits / {figures.get('rank_temperature', 1.0)}). "
              f"Reproduce: `{figures.get('command', 'python -m specdec_lab.train.eagle')}`.\n",
              "| method | tau | tokens/s | speed-up vs plain | same as plain |", "|---|---|---|---|---|"]
     for name, row in figures["methods"].items():

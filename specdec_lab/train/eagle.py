@@ -245,13 +245,14 @@ def run_timed(target, ids: list[int], drafter, max_new_tokens: int) -> tuple[lis
 def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, tree_depth: int = 6,
                   top_k: int = 8, budgets: tuple[int, ...] = (8, 16, 24, 32, 48),
                   variant_budgets: tuple[int, ...] = (16, 32), draft_ks: tuple[int, ...] = (5, 16),
-                  threads: int = 2, zoo_dir: Path | None = None) -> dict:
+                  threads: int = 2, zoo_dir: Path | None = None, rank_temperature: float = 1.0) -> dict:
     """Greedy figures of the zoo's EAGLE heads on held-out prompts, all methods measured in one run.
 
     For every prompt (signature + docstring of a validation-file function) the methods run back to back,
     so load on the machine hits them alike: plain decoding, the draft model (k in `draft_ks`: equal
     verification budgets), the EAGLE-1 head as a chain (depth) and as trees of each size in `budgets`
-    (tree_depth, top_k), and the EAGLE-3 variant as a chain and as trees of `variant_budgets`. Reports tau,
+    (tree_depth, top_k, rank_temperature: see `EagleDrafter`), and the EAGLE-3 variant as a chain and as trees
+    of `variant_budgets`. Reports tau,
     tokens/s, speed-up over plain (ratio of summed times) and greedy equality with plain decoding.
     """
     from transformers import AutoTokenizer
@@ -276,7 +277,8 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
         head = EagleHead.load(zoo_dir / folder, target)
         methods[f"{folder} chain d={depth}"] = EagleDrafter(head, "chain", depth=depth)
         for budget in sizes:
-            methods[f"{folder} tree n={budget}"] = EagleDrafter(head, "tree", tree_depth, top_k, budget)
+            methods[f"{folder} tree n={budget}"] = EagleDrafter(head, "tree", tree_depth, top_k, budget,
+                                                                rank_temperature)
     ids_list = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in heldout_prompts(prompts)]
     for drafter in methods.values():  # warm-up
         run_timed(target, ids_list[0], drafter, 8)
@@ -298,7 +300,8 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
                     "same_as_plain": f"{r['same']}/{len(ids_list)}"}
              for name, r in rows.items()}
     return {"prompts": len(ids_list), "max_new_tokens": max_new_tokens, "threads": threads, "depth": depth,
-            "tree_depth": tree_depth, "top_k": top_k, "hardware": hardware(), "methods": table}
+            "tree_depth": tree_depth, "top_k": top_k, "rank_temperature": rank_temperature,
+            "hardware": hardware(), "methods": table}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -317,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", default="8,16,24,32,48", help="EAGLE-1 tree sizes to sweep (total_tokens)")
     parser.add_argument("--variant-budgets", default="16,32", help="EAGLE-3 variant tree sizes (total_tokens)")
     parser.add_argument("--draft-ks", default="5,16", help="draft-model chain lengths (default: 5,16)")
+    parser.add_argument("--rank-temperature", type=float, default=1.0,
+                        help="EAGLE-2 ranks tree nodes by log-softmax(logits / this) (default: 1.0, the paper's)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--no-record", action="store_true", help="print only; leave training.json alone")
     args = parser.parse_args(argv)
@@ -324,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
         return tuple(int(part) for part in text.split(",") if part)
 
     result = measure_heads(args.prompts, args.max_new_tokens, args.depth, args.tree_depth, args.top_k,
-                           ints(args.budgets), ints(args.variant_budgets), ints(args.draft_ks), args.threads)
+                           ints(args.budgets), ints(args.variant_budgets), ints(args.draft_ks), args.threads,
+                           rank_temperature=args.rank_temperature)
     result["command"] = " ".join(["python -m specdec_lab.train.eagle", *(sys.argv[1:] if argv is None else argv)])
     print(json.dumps(result, indent=2))
     if not args.no_record:
