@@ -7,6 +7,7 @@ against the exact distribution, with a broken variant showing the test has the p
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -139,6 +140,18 @@ def test_sharp_ranking_keeps_the_greedy_chain_when_the_budget_is_the_depth(tiny_
     assert sharp.tokens.tolist() == chain.tokens.tolist()
     assert sharp.parents.tolist() == [-1, 0, 1, 2]
     assert plain.parents.tolist() != [-1, 0, 1, 2]
+
+
+def test_sharp_ranking_keeps_the_tokens_top_p_allows(tiny_head):
+    # Sharpening reorders the ranking only: a token top-p keeps stays rankable, one it removes stays out.
+    state = SimpleNamespace(sampling=SamplingConfig(temperature=1.0, top_p=0.5))
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    plain = EagleDrafter(tiny_head, mode="tree")._log_q(logits, state)
+    sharp = EagleDrafter(tiny_head, mode="tree", rank_temperature=0.25)._log_q(logits, state)
+    assert 1 < int(plain.isfinite().sum()) < 64
+    assert torch.equal(sharp.isfinite(), plain.isfinite())
+    assert sharp.exp().sum().item() == pytest.approx(1.0)
+    assert sharp.max() > plain.max()
 
 
 def test_bad_settings_are_rejected(tiny_target, tiny_head, llama_factory):

@@ -333,11 +333,14 @@ class EagleDrafter(Drafter):
 
     def _log_q(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Log draft probabilities for ranking tree nodes, under the run's sampling settings (-inf where they
-        remove a token), sharpened by `rank_temperature`."""
-        logits = logits / self.rank_temperature
+        remove a token), then sharpened by `rank_temperature` over the same tokens."""
         if state.sampling.greedy:
-            return torch.log_softmax(logits, -1)
-        return process_logits(logits, state.sampling).log()
+            log_q = torch.log_softmax(logits, -1)
+        else:
+            log_q = process_logits(logits, state.sampling).log()
+        if self.rank_temperature != 1.0:  # sharpen after top-k / top-p, so the tokens they keep stay the same
+            log_q = torch.log_softmax(log_q / self.rank_temperature, -1)
+        return log_q
 
     def _children(self, parent: int, parent_score: float, log_q: torch.Tensor, depth: int) -> list[TreeNode]:
         """The `top_k` most likely children of a node (those the sampling settings allow)."""

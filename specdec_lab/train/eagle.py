@@ -252,8 +252,8 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
     so load on the machine hits them alike: plain decoding, the draft model (k in `draft_ks`: equal
     verification budgets), the EAGLE-1 head as a chain (depth) and as trees of each size in `budgets`
     (tree_depth, top_k, rank_temperature: see `EagleDrafter`), and the EAGLE-3 variant as a chain and as trees
-    of `variant_budgets`. Reports tau,
-    tokens/s, speed-up over plain (ratio of summed times) and greedy equality with plain decoding.
+    of `variant_budgets`. Reports tau, tokens/s, speed-up over plain (ratio of summed times) and greedy
+    equality with plain decoding.
     """
     from transformers import AutoTokenizer
 
