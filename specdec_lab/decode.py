@@ -1,15 +1,18 @@
 """The one decode loop that every method shares: draft, verify in one target forward, roll back, repeat.
 
-    prefill the target on the prompt and sample the first token
     repeat until max_new_tokens, EOS or the context limit:
         draft    = drafter.propose(state)                  # k candidate tokens (+ their q)
-        logits   = target([last token] + draft)            # ONE forward scores all k + 1 positions
+        logits   = target(uncached tokens + draft)         # ONE forward scores all k + 1 positions
         verdict  = verify(draft, logits)                    # greedy or lossless rejection
         emit the accepted tokens and the target's own next token
         roll the target cache back to the accepted prefix; drafter.commit(...)
 
 With `drafter=None` (or an empty draft) a step is plain autoregressive decoding with the KV cache.
-Invariant: the target cache holds `state.tokens[:-1]`; the last emitted token is fed at the next step.
+Invariant: the target cache holds a prefix of `state.tokens`; a step feeds the rest (the last emitted token)
+and the draft. The first step therefore is the prefill: it feeds the whole prompt, and, for drafters that
+can draft from the prompt alone (`Drafter.drafts_from_prompt`, e.g. a draft model), the first draft rides
+along, as in transformers' assisted generation. Drafters that need the target's view of the prompt first
+(Medusa and EAGLE read its hidden states) get a separate prefill forward that emits the first token.
 
 A drafter may return a tree instead of a chain (`Draft.parents`, see `specdec_lab.tree`): the forward then
 runs over [last token] + every node with the tree attention mask and position ids, verification walks the
@@ -157,12 +160,37 @@ class Clock:
         return now
 
 
-def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, last_only: bool = False):
-    """Run the target on `tokens` after its cache; return (logits, per-layer hidden states or None)."""
+def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, keep: int):
+    """Run the target on `tokens` after its cache; return (logits of the last `keep` positions, per-layer
+    hidden states of every position or None)."""
     out = target(input_ids=tokens[None], cache=cache, use_cache=True, output_hidden_states=want_hidden,
-                 logits_to_keep=1 if last_only else 0)
+                 logits_to_keep=keep)
     hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
     return out.logits[0].float(), hidden
+
+
+def prefill(target, state: DecodeState, cache, want_hidden: bool) -> None:
+    """One forward over the prompt alone: append the target's first token and keep its hidden states."""
+    logits, state.hidden_states = target_forward(target, torch.tensor(state.tokens, device=state.device), cache,
+                                                 want_hidden, keep=1)
+    state.tokens.append(choose_next(logits[-1], state.sampling, state.generator))
+
+
+def chain_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool):
+    """Score a chain draft in ONE target forward after the uncached tokens, verify it, roll the cache back.
+
+    Returns (logits at the k + 1 verified positions, verdict, emitted tokens, per-layer hidden rows of the
+    last uncached token and the accepted drafts, or None).
+    """
+    pending = len(state.tokens) - cache_length(cache)  # 1, or the whole prompt at a merged prefill
+    feed = torch.cat([torch.tensor(state.tokens[-pending:], device=state.device), draft.tokens])
+    logits, hidden = target_forward(target, feed, cache, want_hidden, keep=len(draft) + 1)
+    verdict = verify_chain(draft, logits, state.sampling, state.generator)
+    truncate(cache, len(state.tokens) + verdict.accepted)
+    emitted = draft.tokens[: verdict.accepted].tolist() + [verdict.next_token]
+    if want_hidden:
+        hidden = tuple(h[pending - 1 : pending + verdict.accepted] for h in hidden)
+    return logits, verdict, emitted, hidden
 
 
 def choose_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
@@ -222,7 +250,10 @@ def tree_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool
     if tree.max_depth > max_depth:
         raise ValueError(f"the drafter proposed a tree of depth {tree.max_depth} but at most {max_depth} "
                          "tokens were allowed (propose's max_tokens bounds the depth)")
-    past = cache_length(cache)  # == len(state.tokens) - 1
+    past = cache_length(cache)
+    if past != len(state.tokens) - 1:
+        raise ValueError("a tree draft needs the target prefilled on the prompt first: a drafter that proposes "
+                         "trees must not set drafts_from_prompt")
     feed, positions, visible = tree_inputs(tree, draft, state.tokens[-1], past)
     out = target(input_ids=feed[None], cache=cache, attention_mask=additive_mask(visible, past, target.dtype),
                  position_ids=positions, use_cache=True, output_hidden_states=want_hidden)
@@ -275,18 +306,17 @@ def generate(
     want_hidden = drafter is not None and drafter.needs_hidden_states
     state = DecodeState(list(prompt), len(prompt), sampling, make_generator(seed, device), device, target)
     cache = new_cache(target)
-
-    # Prefill: one forward over the prompt gives the first new token.
-    logits, hidden = target_forward(target, torch.tensor(prompt, device=device), cache, want_hidden,
-                                    last_only=True)
-    stats.target_forwards += 1
-    state.tokens.append(choose_next(logits[-1], sampling, state.generator))
-    state.hidden_states = hidden
-    stopped = "eos" if state.tokens[-1] == eos else None
-    tick = clock.add("verify_seconds", started)
-    if drafter is not None and not stopped:
-        drafter.start(state)
-        tick = clock.add("draft_seconds", tick)
+    stopped = None
+    tick = started
+    if drafter is not None:
+        if not drafter.drafts_from_prompt:
+            prefill(target, state, cache, want_hidden)
+            stats.target_forwards += 1
+            stopped = "eos" if state.tokens[-1] == eos else None
+            tick = clock.add("verify_seconds", tick)
+        if not stopped:
+            drafter.start(state)
+            tick = clock.add("draft_seconds", tick)
 
     while not stopped and len(state.tokens) - len(prompt) < budget:
         remaining = budget - (len(state.tokens) - len(prompt))
@@ -297,15 +327,8 @@ def generate(
         tick = clock.add("draft_seconds", tick)
 
         if draft.parents is None:
-            context_length = len(state.tokens)  # the target cache holds context_length - 1 of them
-            feed = torch.cat([torch.tensor(state.tokens[-1:], device=device), draft.tokens])
-            logits, hidden = target_forward(target, feed, cache, want_hidden)
-            verdict = verify_chain(draft, logits, sampling, state.generator)
-            emitted = draft.tokens[: verdict.accepted].tolist() + [verdict.next_token]
-            truncate(cache, context_length + verdict.accepted)
+            logits, verdict, emitted, hidden = chain_step(target, draft, state, cache, want_hidden)
             stats.record_step(len(draft), verdict.accepted)
-            if want_hidden:
-                hidden = tuple(h[: verdict.accepted + 1] for h in hidden)
         else:
             logits, verdict, emitted, hidden, depth = tree_step(target, draft, state, cache, want_hidden,
                                                                 remaining - 1)

@@ -17,6 +17,7 @@ from test_verify import BROKEN_RULES
 
 import specdec_lab.decode as decode
 from specdec_lab import DraftModelDrafter, PromptLookupDrafter, generate
+from specdec_lab.drafters.base import Draft, Drafter
 from specdec_lab.sampling import SamplingConfig, process_logits
 
 NEW_TOKENS = 24
@@ -104,16 +105,45 @@ def test_the_greedy_comparison_allows_a_divergence_only_at_a_near_tie():
         check_greedy_equal(TiedLogits(), [1, 2], [3, 3, 3], reference, "short")
 
 
-def test_steps_emit_exactly_the_output(tiny_target, tiny_draft, prompts):
+class PrefilledDraftModel(DraftModelDrafter):
+    """A draft model that waits for the target's prefill, as drafters reading the target's features must."""
+
+    drafts_from_prompt = False
+
+
+@pytest.mark.parametrize("drafter_class", [DraftModelDrafter, PrefilledDraftModel])
+def test_steps_emit_exactly_the_output(drafter_class, tiny_target, tiny_draft, prompts):
     steps = []
-    out = generate(tiny_target, prompts[1], drafter=DraftModelDrafter(tiny_draft, k=3), max_new_tokens=20,
+    out = generate(tiny_target, prompts[1], drafter=drafter_class(tiny_draft, k=3), max_new_tokens=20,
                    temperature=0.9, seed=4, on_step=steps.append)
     emitted = [token for step in steps for token in step.emitted]
-    assert out.tokens[1:] == emitted  # the first new token comes from the prefill
+    prefill_tokens = 0 if drafter_class.drafts_from_prompt else 1  # a separate prefill emits the first token
+    assert out.tokens[prefill_tokens:] == emitted
+    assert out.stats.target_forwards == len(steps) + prefill_tokens
     for step in steps:
         assert step.emitted[:-1] == step.draft.tokens[: step.verdict.accepted].tolist()
         assert step.target_logits.shape == (len(step.draft) + 1, 64)
         torch.testing.assert_close(step.target_probs.sum(-1), torch.ones(len(step.draft) + 1))
+
+
+def test_the_first_draft_is_verified_in_the_prefill_forward(tiny_target, prompts, greedy_references):
+    for prompt, reference in zip(prompts[:5], greedy_references, strict=False):
+        merged = generate(tiny_target, prompt, drafter=DraftModelDrafter(tiny_target, k=4), max_new_tokens=20)
+        prefilled = generate(tiny_target, prompt, drafter=PrefilledDraftModel(tiny_target, k=4), max_new_tokens=20)
+        assert merged.tokens == prefilled.tokens == reference[:20]
+        # 20 tokens in steps of 5: 4 forwards; a separate prefill costs 1 forward for its 1 token, then 4 steps
+        assert (merged.stats.target_forwards, prefilled.stats.target_forwards) == (4, 5)
+
+
+def test_a_tree_drafter_cannot_draft_from_the_prompt(tiny_target, prompts):
+    class TreeFromPrompt(Drafter):
+        drafts_from_prompt = True
+
+        def propose(self, state, max_tokens):
+            return Draft(torch.tensor([1, 2]), parents=torch.tensor([-1, -1]))
+
+    with pytest.raises(ValueError, match="must not set drafts_from_prompt"):
+        generate(tiny_target, prompts[0], drafter=TreeFromPrompt(), max_new_tokens=8)
 
 
 # --- draft = target --------------------------------------------------------------------------------------------
@@ -125,7 +155,7 @@ def test_draft_equal_to_target_accepts_every_draft_token(temperature, tiny_targe
         out = generate(tiny_target, prompt, drafter=DraftModelDrafter(tiny_target, k=4), max_new_tokens=21,
                        temperature=temperature, seed=1)
         assert out.stats.drafted == 16 and out.stats.acceptance_rate == 1.0
-        assert out.stats.accepted_per_step == [4, 4, 4, 4]
+        assert out.stats.accepted_per_step == [4, 4, 4, 4, 0]  # the 21st token: no room left to draft
 
 
 # --- Boundaries --------------------------------------------------------------------------------------------------
@@ -133,9 +163,9 @@ def test_draft_equal_to_target_accepts_every_draft_token(temperature, tiny_targe
 
 def first_new_occurrence(tokens: list[int], start: int, inside_draft_of_k: int | None = None) -> int:
     """The first index >= start whose token did not occur earlier (optionally: not at a bonus position
-    when every step emits k + 1 tokens after the prefill token), or -1 if there is none."""
+    when every step, the prefill included, emits k + 1 tokens), or -1 if there is none."""
     for i in range(start, len(tokens)):
-        bonus = inside_draft_of_k is not None and (i - 1) % (inside_draft_of_k + 1) == inside_draft_of_k
+        bonus = inside_draft_of_k is not None and i % (inside_draft_of_k + 1) == inside_draft_of_k
         if tokens[i] not in tokens[:i] and not bonus:
             return i
     return -1

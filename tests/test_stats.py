@@ -33,17 +33,19 @@ def test_plain_autoregressive_decoding_has_tau_one(tiny_target, prompts):
     stats = out.stats
     assert stats.target_forwards == stats.new_tokens == 10
     assert stats.mean_accepted_tokens == 1.0 and stats.summary()["tau"] == 1.0
-    assert stats.drafted == 0 and stats.acceptance_rate == 0.0 and stats.accepted_histogram == {0: 9}
+    # Every forward is a step that drafted nothing, the prefill included.
+    assert stats.drafted == 0 and stats.acceptance_rate == 0.0 and stats.accepted_histogram == {0: 10}
 
 
 def test_a_known_run_with_draft_equal_to_target(tiny_target, prompts):
-    # Greedy, draft = target, k = 4: the prefill gives 1 token, then every step keeps 4 drafts + 1 bonus.
+    # Greedy, draft = target, k = 4: every step, the prefill included, keeps 4 drafts + 1 bonus token; the
+    # 21st token comes from a last step with no room left to draft.
     out = generate(tiny_target, prompts[0], drafter=DraftModelDrafter(tiny_target, k=4), max_new_tokens=21)
     stats = out.stats
     assert stats.target_forwards == 5 and stats.new_tokens == 21
     assert stats.mean_accepted_tokens == pytest.approx(4.2)  # without the bonus token a step would add 4, not 5
     assert (stats.drafted, stats.accepted, stats.acceptance_rate) == (16, 16, 1.0)
-    assert stats.accepted_per_step == [4, 4, 4, 4] and stats.accepted_histogram == {4: 4}
+    assert stats.accepted_per_step == [4, 4, 4, 4, 0] and stats.accepted_histogram == {4: 4, 0: 1}
     assert stats.per_position_acceptance == [1.0, 1.0, 1.0, 1.0]
 
 
@@ -53,8 +55,8 @@ def test_stats_agree_with_the_steps_of_a_mixed_run(tiny_target, tiny_draft, prom
                    on_step=steps.append)
     stats = out.stats
     kept = [step.verdict.accepted for step in steps]
-    assert stats.target_forwards == 1 + len(steps)
-    assert stats.new_tokens == len(out.tokens) == 1 + sum(len(step.emitted) for step in steps)
+    assert stats.target_forwards == len(steps)  # the first draft rides in the prefill forward
+    assert stats.new_tokens == len(out.tokens) == sum(len(step.emitted) for step in steps)
     assert stats.drafted == sum(len(step.draft) for step in steps) and stats.accepted == sum(kept)
     assert stats.accepted_per_step == kept and 0 < stats.acceptance_rate < 1  # some kept, some rejected
     for position, rate in enumerate(stats.per_position_acceptance):

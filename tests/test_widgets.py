@@ -73,7 +73,9 @@ def test_step_through_records_verdicts_and_moves(pair, tokenizer, capsys):
     reference = generate(target, widget.prompt_ids, drafter=DraftModelDrafter(draft, 3), max_new_tokens=24,
                          temperature=1.0, seed=1)
     assert widget.output.tokens == reference.tokens
-    assert widget.position == 0 and len(widget.steps) == reference.stats.target_forwards - 1
+    # The first draft is verified in the prefill forward: every target forward is a step.
+    assert widget.position == 0 and len(widget.steps) == reference.stats.target_forwards
+    assert widget.steps[-1].running_tau == pytest.approx(reference.stats.mean_accepted_tokens)
     for step in widget.steps:
         verdicts = [t.verdict for t in step.tokens]
         assert verdicts[: step.accepted] == ["accepted"] * step.accepted

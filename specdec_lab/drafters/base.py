@@ -3,13 +3,16 @@
 The decode loop owns the target model and its cache; a drafter only proposes tokens and keeps its own state
 in step with what the target accepted. A drafter implements three calls:
 
-- `start(state)`: once, after the target's prefill (the prompt and the first new token are in `state`);
+- `start(state)`: once, before the first `propose`: after the target's prefill (the prompt and the first
+  new token are in `state`), or, for a drafter with `drafts_from_prompt = True`, before it (the prompt only);
 - `propose(state, max_tokens)`: a `Draft` of at most `max_tokens` candidate tokens;
 - `commit(state, accepted)`: after verification, `state.tokens` already holds the new tokens; `accepted`
   says how many of the drafted ones survived, so the drafter can roll its own cache back.
 
 Drafters that read the target's features (Medusa, EAGLE) set `needs_hidden_states = True` and find them
-in `state.hidden_states`.
+in `state.hidden_states`. Drafters that can draft from the prompt alone (a draft model, prompt lookup) set
+`drafts_from_prompt = True`: their first draft is then verified in the prefill forward itself, which saves
+one target forward per generation.
 
 A draft is a chain (`Draft.parents is None`, the common case) or a tree of candidates (`parents` given, see
 `specdec_lab.tree`); a tree draft may also carry extra rows that ride along in the same target forward
@@ -90,6 +93,7 @@ class Drafter(ABC):
     """Base class of every proposer that plugs into `specdec_lab.generate`."""
 
     needs_hidden_states: bool = False
+    drafts_from_prompt: bool = False  # True: propose before the target has seen the prompt (chain drafts only)
 
     def start(self, state: DecodeState) -> None:  # noqa: B027 - optional hook
         """Prepare for a new generation (default: nothing to prepare)."""

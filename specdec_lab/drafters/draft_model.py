@@ -19,6 +19,8 @@ class DraftModelDrafter(Drafter):
     draft_model: any Hugging Face causal LM with the target's vocabulary; k: tokens drafted per step.
     """
 
+    drafts_from_prompt = True
+
     def __init__(self, draft_model: torch.nn.Module, k: int = 4):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")

@@ -45,7 +45,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specdec_lab.cache import truncate
+from specdec_lab.cache import new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
 from specdec_lab.sampling import draw, process_logits
 
@@ -192,7 +192,7 @@ class EagleHead(nn.Module):
 
     def new_cache(self) -> DynamicCache:
         """An empty KV cache for the head's one layer."""
-        return DynamicCache(config=self.layer_config)
+        return new_cache(self.layer_config)
 
     def init_from_target_layer(self, target: nn.Module, index: int = -1) -> None:
         """Warm start for training: the decoder layer copies target layer `index`, the norm the final norm."""

@@ -103,7 +103,7 @@ def jacobi_decode(
 
     generator = make_generator(seed, device)
     cache = new_cache(target)
-    logits, _ = target_forward(target, torch.tensor(prompt, device=device), cache, False, last_only=True)
+    logits, _ = target_forward(target, torch.tensor(prompt, device=device), cache, False, keep=1)
     stats.target_forwards += 1
     tokens = prompt + [choose_next(logits[-1], sampling, generator)]
     stopped = "eos" if tokens[-1] == eos else None
@@ -113,7 +113,8 @@ def jacobi_decode(
         remaining = budget - (len(tokens) - len(prompt))
         fed = guesses[: remaining - 1]  # never commit past the budget
         context_length = len(tokens)  # the cache holds context_length - 1 of them
-        logits, _ = target_forward(target, torch.tensor(tokens[-1:] + fed, device=device), cache, False)
+        logits, _ = target_forward(target, torch.tensor(tokens[-1:] + fed, device=device), cache, False,
+                                   keep=len(fed) + 1)
         stats.target_forwards += 1
         draft = Draft(torch.tensor(fed, dtype=torch.long, device=device))
         verdict = verify_chain(draft, logits, sampling, generator)

@@ -34,6 +34,8 @@ class PromptLookupDrafter(Drafter):
     min_ngram: shortest suffix still worth matching.
     """
 
+    drafts_from_prompt = True
+
     def __init__(self, max_ngram: int = 3, k: int = 10, min_ngram: int = 1):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")

@@ -109,19 +109,19 @@ class StepThrough(CourseWidget):
 
     def _regenerate(self, change=None) -> None:
         self.prompt_ids = self.tokenizer.encode(self.prompt.value) or [0]
-        self.steps: list[StepView] = []
-        forwards, emitted = 1, 1  # the prefill forward emitted the first token
-
-        def record(step: StepRecord) -> None:
-            nonlocal forwards, emitted
-            forwards += 1
-            emitted += len(step.emitted)
-            self.steps.append(StepView(describe_step(step, self._decode), step.emitted, emitted / forwards,
-                                       len(step.draft)))
-
+        records: list[StepRecord] = []
         self.output = generate(self.target, self.prompt_ids, drafter=self.make_drafter(self.k.value),
                                max_new_tokens=self.max_new_tokens, temperature=self.temperature.value,
-                               seed=self.seed.value, on_step=record)
+                               seed=self.seed.value, on_step=records.append)
+        # 1 when a prefill forward emitted the first token on its own; 0 when the first draft was verified in
+        # the prefill forward itself (drafters that draft from the prompt).
+        self.prefill_tokens = len(self.output.tokens) - sum(len(record.emitted) for record in records)
+        forwards = emitted = self.prefill_tokens
+        self.steps: list[StepView] = []
+        for record in records:
+            forwards, emitted = forwards + 1, emitted + len(record.emitted)
+            self.steps.append(StepView(describe_step(record, self._decode), record.emitted, emitted / forwards,
+                                       len(record.draft)))
         self.go_to(0)
 
     def go_to(self, position: int) -> None:
@@ -136,7 +136,7 @@ class StepThrough(CourseWidget):
 
     def text_so_far(self) -> str:
         """Prompt plus the tokens emitted up to and including the step shown."""
-        first = self.output.tokens[:1]
+        first = self.output.tokens[: self.prefill_tokens]
         later = [t for step in self.steps[: self.position + 1] for t in step.emitted]
         return self._decode(self.prompt_ids + first + later)
 
