@@ -105,3 +105,27 @@ def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, t
     assert EagleHead.load(zoo / "eagle3", tiny_target).config.feature_layers == [0, 1, 2]
     saved = json.loads((zoo / "recipe.json").read_text())
     assert saved["medusa"] == {"heads": 3} and saved["eagle"]["eagle3"]["unroll_steps"] == 2
+
+
+def test_the_fitted_rank_temperature_is_the_one_with_the_highest_tau(tiny_target, prompts, tmp_path):
+    import specdec_lab as sd
+    from specdec_lab.drafters.eagle import EagleDrafter
+    from specdec_lab.train.eagle import fit_rank_temperature
+
+    torch.manual_seed(3)
+    head = EagleHead(EagleConfig.from_target(tiny_target)).attach(tiny_target).eval()
+    fit = fit_rank_temperature(head, tiny_target, prompts[:4], candidates=(1.0, 0.25), depth=4, top_k=3,
+                               total_tokens=6, max_new_tokens=16)
+    for temperature, tau in fit["tau"].items():  # each figure is what decoding with that temperature gives
+        drafter = EagleDrafter(head, "tree", 4, 3, 6, temperature)
+        runs = [sd.generate(tiny_target, p, drafter=drafter, max_new_tokens=16).stats for p in prompts[:4]]
+        assert tau == round(sum(s.new_tokens for s in runs) / sum(s.target_forwards for s in runs), 3)
+    assert fit["tau"][fit["best"]] == max(fit["tau"].values())
+
+    # Stored in the head's config, the fitted value is what a drafter uses unless told otherwise.
+    head.config.rank_temperature = 0.25
+    head.save(tmp_path / "eagle")
+    loaded = EagleHead.load(tmp_path / "eagle", tiny_target)
+    assert loaded.config.rank_temperature == 0.25
+    assert EagleDrafter(loaded, "tree").rank_temperature == 0.25
+    assert EagleDrafter(loaded, "tree", rank_temperature=1.0).rank_temperature == 1.0

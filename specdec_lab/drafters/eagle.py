@@ -60,7 +60,9 @@ class EagleConfig:
     max_position_embeddings: the target layer's shape; vocab_size: the target's vocabulary (for checks);
     target_layers: how many layers the target has; feature_layers: indices into the target's
     `hidden_states` tuple (0 = embeddings, target_layers = the final-normed top feature) that the head reads;
-    one index is EAGLE-1, several are fused (EAGLE-3 direction); variant: a label for model cards.
+    one index is EAGLE-1, several are fused (EAGLE-3 direction); variant: a label for model cards;
+    rank_temperature: the tree-ranking temperature fitted for this head on training prompts
+    (`specdec_lab.train.eagle.fit_rank_temperature`; 1.0, EAGLE-2's own ranking, until fitted).
     """
 
     hidden_size: int
@@ -75,6 +77,7 @@ class EagleConfig:
     target_layers: int
     feature_layers: list[int] = field(default_factory=list)
     variant: str = "eagle1"
+    rank_temperature: float = 1.0
 
     @classmethod
     def from_target(cls, target: nn.Module, feature_layers: list[int] | None = None,
@@ -203,10 +206,14 @@ class EagleHead(nn.Module):
         """Write `config.json` and fp16 `model.safetensors` into `folder`."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps({"model_type": "eagle_head", **asdict(self.config)}, indent=2)
-                                            + "\n")
+        self.save_config(folder)
         state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(folder / "model.safetensors"))
+
+    def save_config(self, folder: str | Path) -> None:
+        """Write only `config.json` into `folder` (after a setting such as `rank_temperature` was fitted)."""
+        text = json.dumps({"model_type": "eagle_head", **asdict(self.config)}, indent=2) + "\n"
+        (Path(folder) / "config.json").write_text(text)
 
     @classmethod
     def load(cls, folder: str | Path, target: nn.Module) -> EagleHead:
@@ -240,8 +247,9 @@ class EagleDrafter(Drafter):
     head: an `EagleHead` (attached to the target it is used with); mode: "chain" or "tree"; depth: tokens
     per chain, or the tree's maximum depth; top_k: children per expanded node and nodes expanded per depth
     (tree mode); total_tokens: tree nodes kept after the final rerank (the verification budget);
-    rank_temperature: the tree ranks nodes by log-softmax(logits / rank_temperature). EAGLE-2 ranks by the
-    head's own confidence (1.0), which works when that confidence tracks acceptance. A head that is right
+    rank_temperature: the tree ranks nodes by log-softmax(logits / rank_temperature) (None = the value
+    fitted for the head, `head.config.rank_temperature`). EAGLE-2 ranks by the head's own confidence (1.0),
+    which works when that confidence tracks acceptance. A head that is right
     more often than its probabilities say (the zoo's) spends the budget on siblings where depth pays. A value
     below 1 sharpens the ranking toward each node's top child. It changes which nodes are verified, never what
     is accepted, so greedy output and losslessness do not depend on it.
@@ -260,12 +268,14 @@ class EagleDrafter(Drafter):
     needs_hidden_states = True
 
     def __init__(self, head: EagleHead, mode: str = "chain", depth: int = 5, top_k: int = 8,
-                 total_tokens: int = 32, rank_temperature: float = 1.0):
+                 total_tokens: int = 32, rank_temperature: float | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         for name, value in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if rank_temperature is None:
+            rank_temperature = head.config.rank_temperature
         if not rank_temperature > 0:
             raise ValueError(f"rank_temperature must be positive, got {rank_temperature!r}")
         self.head = head

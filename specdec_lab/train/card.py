@@ -139,12 +139,34 @@ def eagle_summary(name: str, figures: dict) -> str:
             f"{figures['acc3']:.2f}.{done}")
 
 
+def temperature_text(value: float | dict) -> str:
+    """A ranking temperature as recorded: one value, or one per head folder."""
+    if isinstance(value, dict):
+        return ", ".join(f"{value[name]} for {name}/" for name in value)
+    return str(value)
+
+
+def rank_temperature_fit(fits: dict) -> str:
+    """The fit of each head's tree-ranking temperature (`python -m specdec_lab.train.eagle --fit-rank-temperature`)."""
+    tree = fits["tree"]
+    lines = [f"### Tree-ranking temperature, fitted on {fits['prompts']}\n\nTau of EAGLE-2 trees (depth "
+             f"{tree['depth']}, top-{tree['top_k']}, {tree['total_tokens']} nodes, {fits['max_new_tokens']} greedy "
+             "tokens per prompt) under each temperature; the best is stored in the head's config.json and is "
+             "`EagleDrafter`'s default.\n", "| head | " + " | ".join(f"T = {t}" for t in fits["eagle"]["tau"])
+             + " | stored |", "|---" * (len(fits["eagle"]["tau"]) + 2) + "|"]
+    for name in ("eagle", "eagle3"):
+        if name in fits:
+            taus = " | ".join(f"{tau:.2f}" for tau in fits[name]["tau"].values())
+            lines.append(f"| {name}/ | {taus} | {fits[name]['best']} |")
+    return "\n".join(lines)
+
+
 def eagle_table(figures: dict) -> str:
     """The EAGLE sweep (`python -m specdec_lab.train.eagle`): every method on the same prompts in one run."""
     lines = [f"### EAGLE heads against plain decoding and the draft model\n\n{figures['prompts']} held-out "
              f"prompts, {figures['max_new_tokens']} new tokens, greedy, {figures['hardware']}; trees of depth "
              f"{figures['tree_depth']} with top-{figures['top_k']} expansion, reranked to n tokens (EAGLE-2) by "
-             f"log-softmax(logits / {figures.get('rank_temperature', 1.0)}). "
+             f"log-softmax(logits / T), T = {temperature_text(figures.get('rank_temperature', 1.0))}. "
              f"Reproduce: `{figures.get('command', 'python -m specdec_lab.train.eagle')}`.\n",
              "| method | tau | tokens/s | speed-up vs plain | same as plain |", "|---|---|---|---|---|"]
     for name, row in figures["methods"].items():
@@ -245,6 +267,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
             lines += ["", results[section]["card"]]
         elif section.startswith("eagle") and section in results:
             lines += ["", eagle_summary(section, results[section])]
+    if "eagle_rank_temperature" in results:
+        lines += ["", rank_temperature_fit(results["eagle_rank_temperature"])]
     if "eagle_heldout" in results:
         lines += ["", eagle_table(results["eagle_heldout"])]
     lines += ["", "## Sample completions (target, greedy)", ""]

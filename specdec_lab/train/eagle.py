@@ -242,18 +242,66 @@ def run_timed(target, ids: list[int], drafter, max_new_tokens: int) -> tuple[lis
     return out.tokens, out.stats.mean_accepted_tokens, time.perf_counter() - started
 
 
+RANK_TEMPERATURES = (1.0, 0.5, 0.25, 0.125)
+
+
+def fit_rank_temperature(head: EagleHead, target: LlamaForCausalLM, prompts: list[list[int]],
+                         candidates: tuple[float, ...] = RANK_TEMPERATURES, depth: int = 5, top_k: int = 8,
+                         total_tokens: int = 16, max_new_tokens: int = 64) -> dict:
+    """The tree-ranking temperature under which the head's EAGLE-2 trees keep the most tokens per forward.
+
+    head / target: the head and the target it drafts for; prompts: token ids of TRAINING-split prompts (the
+    held-out figures must not be tuned on); candidates: temperatures to try, the first one wins ties;
+    depth / top_k / total_tokens: the tree (see `EagleDrafter`); max_new_tokens: greedy tokens per prompt.
+    The temperature changes only which nodes are verified, so a step costs the same under every candidate
+    and tau alone decides. Returns {"tau": {temperature: tokens per target forward}, "best": temperature}.
+    """
+    from specdec_lab.decode import generate
+    from specdec_lab.drafters.eagle import EagleDrafter
+
+    taus = {}
+    for temperature in candidates:
+        drafter = EagleDrafter(head, "tree", depth, top_k, total_tokens, temperature)
+        runs = [generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens).stats for ids in prompts]
+        taus[temperature] = round(sum(s.new_tokens for s in runs) / sum(s.target_forwards for s in runs), 3)
+    return {"tau": taus, "best": max(taus, key=taus.get)}
+
+
+def fit_zoo_heads(zoo_dir: Path, prompts: int = 20, max_new_tokens: int = 64, threads: int = 2) -> dict:
+    """Fit `rank_temperature` for every EAGLE head of the zoo on training-split prompts and store it in the
+    head's config.json (the weights are left alone). Returns the fits, per head folder."""
+    from transformers import AutoTokenizer
+
+    from specdec_lab.train.corpus import function_prompts
+
+    torch.set_num_threads(threads)
+    target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
+    ids_list = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in function_prompts("train", prompts)]
+    fits = {"prompts": f"{len(ids_list)} training-split functions", "max_new_tokens": max_new_tokens,
+            "tree": {"depth": 5, "top_k": 8, "total_tokens": 16}}
+    for folder in VARIANTS.values():
+        if not (zoo_dir / folder / "model.safetensors").exists():
+            continue
+        head = EagleHead.load(zoo_dir / folder, target)
+        fits[folder] = fit_rank_temperature(head, target, ids_list, max_new_tokens=max_new_tokens)
+        head.config.rank_temperature = fits[folder]["best"]
+        head.save_config(zoo_dir / folder)
+    return fits
+
+
 def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, tree_depth: int = 6,
                   top_k: int = 8, budgets: tuple[int, ...] = (8, 16, 24, 32, 48),
                   variant_budgets: tuple[int, ...] = (16, 32), draft_ks: tuple[int, ...] = (5, 16),
-                  threads: int = 2, zoo_dir: Path | None = None, rank_temperature: float = 1.0) -> dict:
+                  threads: int = 2, zoo_dir: Path | None = None, rank_temperature: float | None = None) -> dict:
     """Greedy figures of the zoo's EAGLE heads on held-out prompts, all methods measured in one run.
 
     For every prompt (signature + docstring of a validation-file function) the methods run back to back,
     so load on the machine hits them alike: plain decoding, the draft model (k in `draft_ks`: equal
     verification budgets), the EAGLE-1 head as a chain (depth) and as trees of each size in `budgets`
-    (tree_depth, top_k, rank_temperature: see `EagleDrafter`), and the EAGLE-3 variant as a chain and as trees
-    of `variant_budgets`. Reports tau, tokens/s, speed-up over plain (ratio of summed times) and greedy
-    equality with plain decoding.
+    (tree_depth, top_k, rank_temperature: see `EagleDrafter`; None = each head's fitted value), and the
+    EAGLE-3 variant as a chain and as trees of `variant_budgets`. Reports tau, tokens/s, speed-up over plain
+    (ratio of summed times) and greedy equality with plain decoding.
     """
     from transformers import AutoTokenizer
 
@@ -271,10 +319,12 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
         draft = LlamaForCausalLM.from_pretrained(str(zoo_dir / "draft"), dtype=torch.float32).eval()
         for k in draft_ks:
             methods[f"draft k={k}"] = DraftModelDrafter(draft, k=k)
+    used_temperatures = {}
     for folder, sizes in zip(VARIANTS.values(), (budgets, variant_budgets), strict=True):
         if not (zoo_dir / folder / "model.safetensors").exists():
             continue
         head = EagleHead.load(zoo_dir / folder, target)
+        used_temperatures[folder] = rank_temperature or head.config.rank_temperature
         methods[f"{folder} chain d={depth}"] = EagleDrafter(head, "chain", depth=depth)
         for budget in sizes:
             methods[f"{folder} tree n={budget}"] = EagleDrafter(head, "tree", tree_depth, top_k, budget,
@@ -300,7 +350,7 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
                     "same_as_plain": f"{r['same']}/{len(ids_list)}"}
              for name, r in rows.items()}
     return {"prompts": len(ids_list), "max_new_tokens": max_new_tokens, "threads": threads, "depth": depth,
-            "tree_depth": tree_depth, "top_k": top_k, "rank_temperature": rank_temperature,
+            "tree_depth": tree_depth, "top_k": top_k, "rank_temperature": used_temperatures,
             "hardware": hardware(), "methods": table}
 
 
@@ -320,11 +370,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", default="8,16,24,32,48", help="EAGLE-1 tree sizes to sweep (total_tokens)")
     parser.add_argument("--variant-budgets", default="16,32", help="EAGLE-3 variant tree sizes (total_tokens)")
     parser.add_argument("--draft-ks", default="5,16", help="draft-model chain lengths (default: 5,16)")
-    parser.add_argument("--rank-temperature", type=float, default=1.0,
-                        help="EAGLE-2 ranks tree nodes by log-softmax(logits / this) (default: 1.0, the paper's)")
+    parser.add_argument("--rank-temperature", type=float, default=None,
+                        help="EAGLE-2 ranks tree nodes by log-softmax(logits / this) (default: each head's fitted "
+                             "value; 1.0 is the paper's ranking)")
+    parser.add_argument("--fit-rank-temperature", action="store_true",
+                        help="instead of measuring: fit each head's rank temperature on training-split prompts and "
+                             "store it in the head's config.json")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--no-record", action="store_true", help="print only; leave training.json alone")
     args = parser.parse_args(argv)
+    if args.fit_rank_temperature:
+        fits = fit_zoo_heads(zoo_path(), args.prompts, args.max_new_tokens, args.threads)
+        print(json.dumps(fits, indent=2))
+        if not args.no_record:
+            record_result(zoo_path(), "eagle_rank_temperature", fits)
+        return
+
     def ints(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",") if part)
 
