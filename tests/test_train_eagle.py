@@ -9,6 +9,7 @@ from dataclasses import asdict
 import torch
 
 from specdec_lab.drafters.eagle import EagleConfig, EagleHead, additive_mask, causal_allowed
+from specdec_lab.sampling import SamplingConfig
 from specdec_lab.train.eagle import EagleRecipe, eagle_losses, run_eagle_stage, train_head, unroll
 from specdec_lab.train.recipe import ModelShape, RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
@@ -122,10 +123,13 @@ def test_the_fitted_rank_temperature_is_the_one_with_the_highest_tau(tiny_target
         assert tau == round(sum(s.new_tokens for s in runs) / sum(s.target_forwards for s in runs), 3)
     assert fit["tau"][fit["best"]] == max(fit["tau"].values())
 
-    # Stored in the head's config, the fitted value is what a drafter uses unless told otherwise.
+    # Stored in the head's config, the fitted value is what a drafter ranks by in greedy runs, where it was
+    # fitted, unless told otherwise; sampling runs rank by q itself.
     head.config.rank_temperature = 0.25
     head.save(tmp_path / "eagle")
     loaded = EagleHead.load(tmp_path / "eagle", tiny_target)
     assert loaded.config.rank_temperature == 0.25
-    assert EagleDrafter(loaded, "tree").rank_temperature == 0.25
-    assert EagleDrafter(loaded, "tree", rank_temperature=1.0).rank_temperature == 1.0
+    greedy, sampling = SamplingConfig(), SamplingConfig(temperature=1.0)
+    fitted, given = EagleDrafter(loaded, "tree"), EagleDrafter(loaded, "tree", rank_temperature=0.5)
+    assert (fitted.ranking_temperature(greedy), fitted.ranking_temperature(sampling)) == (0.25, 1.0)
+    assert (given.ranking_temperature(greedy), given.ranking_temperature(sampling)) == (0.5, 0.5)

@@ -47,7 +47,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specdec_lab.cache import new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import draw, process_logits
+from specdec_lab.sampling import SamplingConfig, draw, process_logits
 
 MODES = ("chain", "tree")
 
@@ -61,7 +61,7 @@ class EagleConfig:
     target_layers: how many layers the target has; feature_layers: indices into the target's
     `hidden_states` tuple (0 = embeddings, target_layers = the final-normed top feature) that the head reads;
     one index is EAGLE-1, several are fused (EAGLE-3 direction); variant: a label for model cards;
-    rank_temperature: the tree-ranking temperature fitted for this head on training prompts
+    rank_temperature: the tree-ranking temperature fitted for this head on greedy runs over training prompts
     (`specdec_lab.train.eagle.fit_rank_temperature`; 1.0, EAGLE-2's own ranking, until fitted).
     """
 
@@ -247,8 +247,10 @@ class EagleDrafter(Drafter):
     head: an `EagleHead` (attached to the target it is used with); mode: "chain" or "tree"; depth: tokens
     per chain, or the tree's maximum depth; top_k: children per expanded node and nodes expanded per depth
     (tree mode); total_tokens: tree nodes kept after the final rerank (the verification budget);
-    rank_temperature: the tree ranks nodes by log-softmax(logits / rank_temperature) (None = the value
-    fitted for the head, `head.config.rank_temperature`). EAGLE-2 ranks by the head's own confidence (1.0),
+    rank_temperature: the tree ranks nodes by log-softmax(logits / rank_temperature); None = the head's
+    fitted value (`head.config.rank_temperature`) in greedy runs, where it was fitted, and 1.0 when sampling,
+    where a node is kept with its target probability, which q itself estimates. EAGLE-2 ranks by the head's
+    own confidence (1.0),
     which works when that confidence tracks acceptance. A head that is right
     more often than its probabilities say (the zoo's) spends the budget on siblings where depth pays. A value
     below 1 sharpens the ranking toward each node's top child. It changes which nodes are verified, never what
@@ -274,9 +276,7 @@ class EagleDrafter(Drafter):
         for name, value in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if rank_temperature is None:
-            rank_temperature = head.config.rank_temperature
-        if not rank_temperature > 0:
+        if rank_temperature is not None and not rank_temperature > 0:
             raise ValueError(f"rank_temperature must be positive, got {rank_temperature!r}")
         self.head = head
         self.mode = mode
@@ -341,6 +341,12 @@ class EagleDrafter(Drafter):
                 logits = self.head.logits(feature).float()
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
 
+    def ranking_temperature(self, sampling: SamplingConfig) -> float:
+        """The temperature the tree ranks by under `sampling` (see `rank_temperature` in the class docstring)."""
+        if self.rank_temperature is not None:
+            return self.rank_temperature
+        return self.head.config.rank_temperature if sampling.greedy else 1.0
+
     def _log_q(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Log draft probabilities for ranking tree nodes, under the run's sampling settings (-inf where they
         remove a token), then sharpened by `rank_temperature` over the same tokens."""
@@ -348,8 +354,9 @@ class EagleDrafter(Drafter):
             log_q = torch.log_softmax(logits, -1)
         else:
             log_q = process_logits(logits, state.sampling).log()
-        if self.rank_temperature != 1.0:  # sharpen after top-k / top-p, so the tokens they keep stay the same
-            log_q = torch.log_softmax(log_q / self.rank_temperature, -1)
+        temperature = self.ranking_temperature(state.sampling)
+        if temperature != 1.0:  # sharpen after top-k / top-p, so the tokens they keep stay the same
+            log_q = torch.log_softmax(log_q / temperature, -1)
         return log_q
 
     def _children(self, parent: int, parent_score: float, log_q: torch.Tensor, depth: int) -> list[TreeNode]:

@@ -152,8 +152,9 @@ def rank_temperature_fit(fits: dict) -> str:
     lines = [f"### Tree-ranking temperature, fitted on {fits['prompts']}\n\nTau of EAGLE-2 trees (depth "
              f"{tree['depth']}, top-{tree['top_k']}, {tree['total_tokens']} nodes, {fits['max_new_tokens']} greedy "
              "tokens per prompt) under each temperature; the best is stored in the head's config.json and is "
-             "`EagleDrafter`'s default.\n", "| head | " + " | ".join(f"T = {t}" for t in fits["eagle"]["tau"])
-             + " | stored |", "|---" * (len(fits["eagle"]["tau"]) + 2) + "|"]
+             "`EagleDrafter`'s default in greedy runs.\n",
+             "| head | " + " | ".join(f"T = {t}" for t in fits["eagle"]["tau"]) + " | stored |",
+             "|---" * (len(fits["eagle"]["tau"]) + 2) + "|"]
     for name in ("eagle", "eagle3"):
         if name in fits:
             taus = " | ".join(f"{tau:.2f}" for tau in fits[name]["tau"].values())
