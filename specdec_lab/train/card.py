@@ -152,7 +152,8 @@ def rank_temperature_fit(fits: dict) -> str:
     lines = [f"### Tree-ranking temperature, fitted on {fits['prompts']}\n\nTau of EAGLE-2 trees (depth "
              f"{tree['depth']}, top-{tree['top_k']}, {tree['total_tokens']} nodes, {fits['max_new_tokens']} greedy "
              "tokens per prompt) under each temperature; the best is stored in the head's config.json and is "
-             "`EagleDrafter`'s default in greedy runs.\n",
+             "`EagleDrafter`'s default in greedy runs. Reproduce: `python -m specdec_lab.train.eagle "
+             "--fit-rank-temperature`.\n",
              "| head | " + " | ".join(f"T = {t}" for t in fits["eagle"]["tau"]) + " | stored |",
              "|---" * (len(fits["eagle"]["tau"]) + 2) + "|"]
     for name in ("eagle", "eagle3"):
