@@ -167,3 +167,21 @@ def test_bad_settings_name_the_problem():
     with pytest.raises(ValueError, match="prompt sets"):
         BenchConfig(prompt_sets=("poems",)).check()
     assert torch.get_num_threads() >= 1
+
+
+def test_forward_costs_time_the_cases_in_turns(tiny_target, tiny_draft):
+    order, hooks = [], []
+    for name, model in (("target", tiny_target), ("draft", tiny_draft)):
+        hooks.append(model.register_forward_pre_hook(
+            lambda module, args, kwargs, name=name: order.append((name, kwargs["input_ids"].shape[1])),
+            with_kwargs=True))
+    try:
+        costs = bench.forward_costs(ModelPair(tiny_target, tiny_draft, None), list(range(1, 20)), k=3, trials=4)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert order[:3] == [("target", 19), ("target", 19), ("draft", 19)]  # one cached prefix per case
+    assert order[3:] == [("target", 1), ("target", 4), ("draft", 1)] * 4  # then the cases take turns
+    assert costs["verify_ratio"] == pytest.approx(costs["target_k1_ms"] / costs["target_1_ms"], rel=1e-3)
+    assert costs["c"] == pytest.approx(costs["draft_1_ms"] / costs["target_1_ms"], rel=1e-3)
+    assert costs["prefix_tokens"] == 19 and min(costs["target_1_ms"], costs["draft_1_ms"]) > 0
