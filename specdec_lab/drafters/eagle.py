@@ -250,11 +250,10 @@ class EagleDrafter(Drafter):
     rank_temperature: the tree ranks nodes by log-softmax(logits / rank_temperature); None = the head's
     fitted value (`head.config.rank_temperature`) in greedy runs, where it was fitted, and 1.0 when sampling,
     where a node is kept with its target probability, which q itself estimates. EAGLE-2 ranks by the head's
-    own confidence (1.0),
-    which works when that confidence tracks acceptance. A head that is right
-    more often than its probabilities say (the zoo's) spends the budget on siblings where depth pays. A value
-    below 1 sharpens the ranking toward each node's top child. It changes which nodes are verified, never what
-    is accepted, so greedy output and losslessness do not depend on it.
+    own confidence (1.0), which works when that confidence tracks acceptance. A head that is right more often
+    than its probabilities say (the zoo's) spends the budget on siblings where depth pays. A value below 1
+    sharpens the ranking toward each node's top child. It changes which nodes are verified, never what is
+    accepted, so greedy output and losslessness do not depend on it.
 
     Losslessness when sampling. Chain mode draws each token from the head's processed distribution q
     (temperature / top-k / top-p applied as to the target) and hands q to the chain rule of Leviathan et al.

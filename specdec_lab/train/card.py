@@ -148,18 +148,18 @@ def temperature_text(value: float | dict) -> str:
 
 def rank_temperature_fit(fits: dict) -> str:
     """The fit of each head's tree-ranking temperature (`python -m specdec_lab.train.eagle --fit-rank-temperature`)."""
-    tree = fits["tree"]
+    tree, heads = fits["tree"], [name for name in ("eagle", "eagle3") if name in fits]
+    temperatures = list(fits[heads[0]]["tau"]) if heads else []
     lines = [f"### Tree-ranking temperature, fitted on {fits['prompts']}\n\nTau of EAGLE-2 trees (depth "
              f"{tree['depth']}, top-{tree['top_k']}, {tree['total_tokens']} nodes, {fits['max_new_tokens']} greedy "
              "tokens per prompt) under each temperature; the best is stored in the head's config.json and is "
              "`EagleDrafter`'s default in greedy runs. Reproduce: `python -m specdec_lab.train.eagle "
              "--fit-rank-temperature`.\n",
-             "| head | " + " | ".join(f"T = {t}" for t in fits["eagle"]["tau"]) + " | stored |",
-             "|---" * (len(fits["eagle"]["tau"]) + 2) + "|"]
-    for name in ("eagle", "eagle3"):
-        if name in fits:
-            taus = " | ".join(f"{tau:.2f}" for tau in fits[name]["tau"].values())
-            lines.append(f"| {name}/ | {taus} | {fits[name]['best']} |")
+             "| head | " + " | ".join(f"T = {t}" for t in temperatures) + " | stored |",
+             "|---" * (len(temperatures) + 2) + "|"]
+    for name in heads:
+        taus = " | ".join(f"{tau:.2f}" for tau in fits[name]["tau"].values())
+        lines.append(f"| {name}/ | {taus} | {fits[name]['best']} |")
     return "\n".join(lines)
 
 

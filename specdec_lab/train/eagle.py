@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from specdec_lab.drafters.eagle import EagleConfig, EagleHead, additive_mask
+from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, additive_mask
 from specdec_lab.train.lm import fixed_eval_batches
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
@@ -243,11 +243,13 @@ def run_timed(target, ids: list[int], drafter, max_new_tokens: int) -> tuple[lis
 
 
 RANK_TEMPERATURES = (1.0, 0.5, 0.25, 0.125)
+FIT_TREE = {"depth": 5, "top_k": 8, "total_tokens": 16}  # the tree the zoo's heads are fitted with
 
 
 def fit_rank_temperature(head: EagleHead, target: LlamaForCausalLM, prompts: list[list[int]],
-                         candidates: tuple[float, ...] = RANK_TEMPERATURES, depth: int = 5, top_k: int = 8,
-                         total_tokens: int = 16, max_new_tokens: int = 64) -> dict:
+                         candidates: tuple[float, ...] = RANK_TEMPERATURES, depth: int = FIT_TREE["depth"],
+                         top_k: int = FIT_TREE["top_k"], total_tokens: int = FIT_TREE["total_tokens"],
+                         max_new_tokens: int = 64) -> dict:
     """The tree-ranking temperature under which the head's EAGLE-2 trees keep the most tokens per forward.
 
     head / target: the head and the target it drafts for; prompts: token ids of TRAINING-split prompts (the
@@ -257,7 +259,6 @@ def fit_rank_temperature(head: EagleHead, target: LlamaForCausalLM, prompts: lis
     and tau alone decides. Returns {"tau": {temperature: tokens per target forward}, "best": temperature}.
     """
     from specdec_lab.decode import generate
-    from specdec_lab.drafters.eagle import EagleDrafter
 
     taus = {}
     for temperature in candidates:
@@ -279,12 +280,12 @@ def fit_zoo_heads(zoo_dir: Path, prompts: int = 20, max_new_tokens: int = 64, th
     tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
     ids_list = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in function_prompts("train", prompts)]
     fits = {"prompts": f"{len(ids_list)} training-split functions", "max_new_tokens": max_new_tokens,
-            "tree": {"depth": 5, "top_k": 8, "total_tokens": 16}}
+            "tree": FIT_TREE}
     for folder in VARIANTS.values():
         if not (zoo_dir / folder / "model.safetensors").exists():
             continue
         head = EagleHead.load(zoo_dir / folder, target)
-        fits[folder] = fit_rank_temperature(head, target, ids_list, max_new_tokens=max_new_tokens)
+        fits[folder] = fit_rank_temperature(head, target, ids_list, max_new_tokens=max_new_tokens, **FIT_TREE)
         head.config.rank_temperature = fits[folder]["best"]
         head.save_config(zoo_dir / folder)
     return fits
@@ -306,7 +307,6 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
     from transformers import AutoTokenizer
 
     from specdec_lab.drafters.draft_model import DraftModelDrafter
-    from specdec_lab.drafters.eagle import EagleDrafter
     from specdec_lab.models import zoo_path
     from specdec_lab.train.corpus import heldout_prompts
 
@@ -324,7 +324,7 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
         if not (zoo_dir / folder / "model.safetensors").exists():
             continue
         head = EagleHead.load(zoo_dir / folder, target)
-        used_temperatures[folder] = rank_temperature or head.config.rank_temperature
+        used_temperatures[folder] = head.config.rank_temperature if rank_temperature is None else rank_temperature
         methods[f"{folder} chain d={depth}"] = EagleDrafter(head, "chain", depth=depth)
         for budget in sizes:
             methods[f"{folder} tree n={budget}"] = EagleDrafter(head, "tree", tree_depth, top_k, budget,
