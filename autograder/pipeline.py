@@ -1,59 +1,55 @@
-"""Headless grading with nbgrader: release the labs, then grade a class's submissions in one command.
+"""Headless grading of a class in one command, with the trust boundary drawn by a sandbox.
 
     python -m autograder grade lab01_sampling submissions.zip --out grades/lab01
 
-`grade` builds a throw-away nbgrader course under a temporary folder (config from nbgrader_config.py, the
-source notebook from solutions/), copies the submissions in (the originals are only read), checks them
-against the lab rules (policy.py), autogrades them all in one nbgrader run (each notebook in its own
-resource-limited kernel, see kernel_startup.py), generates the HTML feedback, and writes into `--out`:
+For each submission, on its own (one failure never touches another student):
+  1. assemble (trusted): read the file leniently and rebuild it on the lab's release (assemble.py);
+  2. run (untrusted): execute it in a bubblewrap sandbox that sees only the notebook, the runner and the
+     lab's probes; after each test cell a probe calls the student's functions on the checker's inputs and
+     writes plain data (sandbox/);
+  3. judge (trusted): compare that data with the reference solution on the same inputs, outside the sandbox
+     (checks/); hidden cases are drawn fresh for every run and student;
+  4. record (trusted): scores into nbgrader's gradebook; feedback pages by nbgrader (gradebook.py).
+
+Outputs in `--out`, written all at once at the end (a failed run leaves nothing half-written):
 
     grades.csv                     one row per student: score, max score, status, notes
-    scores.json                    the same with the score of every test cell
-    autograded/<student>.ipynb     the executed notebook
+    scores.json                    the same with every test cell's score and the checker's message
+    autograded/<student>.ipynb     the executed notebook with the checker's verdict under each test cell
     feedback/<student>.html        nbgrader's feedback page
+    grading.log                    the run's seed, timings and sandbox logs
 
-Everything is written to a staging folder first and moved into place at the end: a failed run leaves
-nothing half-written. The hidden checks (autograder/checks/) are on the grading kernel's path only.
+A status is "graded" or "needs review" (the file is not a notebook, or the sandbox itself failed); the command
+exits non-zero and lists the students who need review.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib
 import json
-import os
+import queue
 import re
+import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
+import warnings
 import zipfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
+import torch
 
-from autograder import policy
+from autograder import assemble, gradebook, sandbox
+from autograder.gradebook import LABS, REPO, SOLUTIONS, GradingError, check_lab, list_labs, release  # noqa: F401
+from autograder.checks._common import judge
+from autograder.sandbox import Limits
+from specdec_lab import lab_rules
 
 AUTOGRADER = Path(__file__).resolve().parent
-REPO = AUTOGRADER.parent
-SOLUTIONS = REPO / "solutions"
-LABS = REPO / "labs"
-MAX_NOTEBOOK_BYTES = 20 << 20
-
-
-class GradingError(Exception):
-    """Bad input or a failed nbgrader step, with a message meant for the instructor."""
-
-
-@dataclass
-class Limits:
-    """Per-submission limits: seconds per cell, bytes of address space, CPU seconds per notebook, output chars."""
-
-    cell_timeout: int = 60
-    memory_bytes: int = 6 << 30
-    cpu_seconds: int = 900
-    output_chars: int = 1_000_000
 
 
 @dataclass
@@ -66,7 +62,8 @@ class Submission:
 
 @dataclass
 class StudentResult:
-    """The grade of one submission: total and per-test-cell scores, a status and notes for the instructor."""
+    """The grade of one submission: total and per-test-cell scores, a status, notes, and the checker's message
+    for every test cell."""
 
     student: str
     score: float
@@ -74,70 +71,8 @@ class StudentResult:
     status: str
     notes: list[str] = field(default_factory=list)
     tests: dict[str, float] = field(default_factory=dict)
-
-
-def list_labs() -> list[str]:
-    """The lab ids (folder names in solutions/), in order."""
-    return sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and re.fullmatch(r"lab\d\d_\w+", p.name))
-
-
-def check_lab(lab: str) -> None:
-    if lab not in list_labs():
-        raise GradingError(f"unknown lab {lab!r}; the labs are: {', '.join(list_labs())}")
-
-
-def kernel_environment(workdir: Path, limits: Limits) -> dict[str, str]:
-    """Environment for nbgrader and its kernels: startup file, checks on the path, limits, one thread."""
-    startup = workdir / "ipython" / "profile_default" / "startup"
-    startup.mkdir(parents=True, exist_ok=True)
-    shutil.copy(AUTOGRADER / "kernel_startup.py", startup / "00-specdec-grading.py")
-    env = dict(os.environ)
-    env.update({
-        "IPYTHONDIR": str(workdir / "ipython"),
-        "PYTHONPATH": os.pathsep.join([str(AUTOGRADER), str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p]),
-        "SPECDEC_GRADER_MEMORY_BYTES": str(limits.memory_bytes),
-        "SPECDEC_GRADER_CPU_SECONDS": str(limits.cpu_seconds),
-        "SPECDEC_GRADER_OUTPUT_CHARS": str(limits.output_chars),
-        "OMP_NUM_THREADS": "1",
-        "MPLBACKEND": "Agg",
-        "PYTHONWARNINGS": "ignore",
-        "TQDM_DISABLE": "1",
-        # nbgrader runs `alembic` (installed next to the interpreter) to check its database schema.
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-    })
-    return env
-
-
-def make_course(workdir: Path, lab: str, limits: Limits) -> Path:
-    """An nbgrader course folder under `workdir` with `lab` generated (database and release)."""
-    course = workdir / "course"
-    (course / "source" / lab).mkdir(parents=True)
-    shutil.copy(SOLUTIONS / lab / f"{lab}.ipynb", course / "source" / lab / f"{lab}.ipynb")
-    config = (AUTOGRADER / "nbgrader_config.py").read_text()
-    config += f"\nc.CourseDirectory.root = {str(course)!r}\nc.Execute.timeout = {limits.cell_timeout}\n"
-    (course / "nbgrader_config.py").write_text(config)
-    run_nbgrader(course, ["generate_assignment", lab, "--force"], kernel_environment(workdir, limits), check=True)
-    return course
-
-
-def run_nbgrader(course: Path, args: list[str], env: dict[str, str], check: bool) -> subprocess.CompletedProcess:
-    """Run one nbgrader command in `course`; with `check`, a failure raises GradingError with nbgrader's log."""
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
-                          text=True)
-    if check and done.returncode != 0:
-        raise GradingError(f"nbgrader {' '.join(args)} failed:\n{done.stderr[-4000:]}")
-    return done
-
-
-def release(lab: str, dest: Path) -> Path:
-    """Generate the student version of `lab` with nbgrader into `dest`/<lab>.ipynb; returns that path."""
-    check_lab(lab)
-    with tempfile.TemporaryDirectory(prefix="specdec-release-") as tmp:
-        course = make_course(Path(tmp), lab, Limits())
-        dest.mkdir(parents=True, exist_ok=True)
-        target = dest / f"{lab}.ipynb"
-        shutil.copy(course / "release" / lab / f"{lab}.ipynb", target)
-    return target
+    messages: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 def student_id(name: str) -> str:
@@ -190,8 +125,9 @@ def unpack(source: Path, workdir: Path) -> Path:
                 unsafe = ".." in Path(info.filename).parts or info.filename.startswith("/")
                 if info.is_dir() or unsafe or not info.filename.endswith(".ipynb"):
                     continue  # only notebooks, and never outside the extraction folder
-                if info.file_size > MAX_NOTEBOOK_BYTES:
-                    raise GradingError(f"{info.filename} in {source.name} is larger than {MAX_NOTEBOOK_BYTES} bytes")
+                if info.file_size > assemble.MAX_NOTEBOOK_BYTES:
+                    raise GradingError(f"{info.filename} in {source.name} is larger than "
+                                       f"{assemble.MAX_NOTEBOOK_BYTES} bytes")
                 (target / info.filename).parent.mkdir(parents=True, exist_ok=True)
                 (target / info.filename).write_bytes(archive.read(info))
     except (zipfile.BadZipFile, zlib.error) as error:
@@ -201,78 +137,230 @@ def unpack(source: Path, workdir: Path) -> Path:
     return target
 
 
-def read_notebook(path: Path) -> tuple[nbformat.NotebookNode | None, str]:
-    """The notebook at `path`, or None and the reason it cannot be graded."""
-    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-        return None, f"the file is larger than {MAX_NOTEBOOK_BYTES} bytes"
-    try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-    except Exception as error:  # nbformat raises several types for unreadable JSON and invalid notebooks
-        return None, f"not a valid notebook ({type(error).__name__}: {str(error)[:200]})"
-    return nb, ""
+def lab_checks(lab: str) -> dict:
+    """grade id -> Check for every test cell of `lab` (autograder/checks/labNN.py)."""
+    return importlib.import_module(f"autograder.checks.{lab.split('_')[0]}").CHECKS
 
 
-def prepare(course: Path, lab: str, submissions: list[Submission], enforce_policy: bool) -> dict[str, StudentResult]:
-    """Copy readable submissions into the course (rule-breaking cells neutralised); results for the others."""
-    release_nb = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
-    early: dict[str, StudentResult] = {}
-    for sub in submissions:
-        nb, problem = read_notebook(sub.path)
-        if nb is None:
-            early[sub.student] = StudentResult(sub.student, 0.0, 0.0, "unreadable", [problem])
+def solution_code(lab: str) -> list[str]:
+    """The reference: the source notebook's setup cells (locked cells before the first answer) and answers."""
+    nb = nbformat.read(SOLUTIONS / lab / f"{lab}.ipynb", as_version=4)
+    sources, answered = [], False
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or meta.get("grade") and not meta.get("solution"):
             continue
-        notes = []
-        if enforce_policy:
-            violations = policy.find_violations(nb, release_nb)
-            policy.neutralise(nb, violations)
-            notes = [f"cell {v.cell_index} not run: {v.reason}" for v in violations]
-        target = course / "submitted" / sub.student / lab / f"{lab}.ipynb"
-        target.parent.mkdir(parents=True)
-        nbformat.write(nb, target)
-        if notes:
-            early[sub.student] = StudentResult(sub.student, 0.0, 0.0, "graded", notes)
-    return early
+        if meta.get("solution"):
+            answered = True
+            sources.append(re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*$", "", cell.source, flags=re.M))
+        elif meta.get("locked") and not answered:
+            sources.append(cell.source)
+    return sources
 
 
-def collect(course: Path, lab: str, submissions: list[Submission], early: dict[str, StudentResult],
-            staging: Path) -> list[StudentResult]:
-    """Read the gradebook and copy the autograded notebooks and feedback of every student into `staging`."""
-    from nbgrader.api import Gradebook, MissingEntry
+_references: dict[str, dict] = {}
 
-    results = []
-    (staging / "autograded").mkdir(parents=True)
-    (staging / "feedback").mkdir()
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        max_score = gradebook.find_assignment(lab).max_score
-        for sub in submissions:
-            result = early.get(sub.student) or StudentResult(sub.student, 0.0, max_score, "graded")
-            result.max_score = max_score
-            graded = course / "autograded" / sub.student / lab / f"{lab}.ipynb"
-            if result.status == "unreadable":
-                results.append(result)
-                continue
-            if not graded.exists():
-                result.status = "failed"
-                result.notes.append("the notebook could not be run to the end (its kernel died or stopped "
-                                    "responding); it scores 0, see the grading log")
-                results.append(result)
-                continue
-            try:
-                notebook = gradebook.find_submission_notebook(lab, lab, sub.student)
-            except MissingEntry:
-                result.status = "failed"
-                result.notes.append("nbgrader recorded no grades for this notebook")
-                results.append(result)
-                continue
-            result.tests = {grade.name: float(grade.score) for grade in notebook.grades}
-            result.score = float(sum(result.tests.values()))
-            shutil.copy(graded, staging / "autograded" / f"{sub.student}.ipynb")
-            feedback = course / "feedback" / sub.student / lab / f"{lab}.html"
+
+def reference(lab: str) -> dict:
+    """The namespace of `lab`'s reference solution, run here (trusted code) once per process."""
+    if lab not in _references:
+        namespace: dict = {"__name__": f"reference_{lab}"}
+        grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+        with warnings.catch_warnings():
+            for source in solution_code(lab):
+                exec(compile(source, f"<reference {lab}>", "exec"), namespace)  # noqa: S102 - our own solutions
+        torch.set_grad_enabled(grad)
+        torch.set_num_threads(threads)
+        _references[lab] = namespace
+    return _references[lab]
+
+
+def rule_notes(assembled: assemble.Assembled, release_nb: nbformat.NotebookNode) -> list[str]:
+    """The lab rules' warnings for the cells the student wrote (guidance only: they cost nothing)."""
+    locked = [c.source for c in release_nb.cells if c.cell_type == "code" and assemble.grade_id(c)
+              and not assemble.is_answer(c)]
+    provided = lab_rules.provided_names(locked)
+    lab_cells = {assemble.grade_id(c): c.source for c in release_nb.cells if assemble.grade_id(c)}
+    notes = []
+    for index, cell in enumerate(assembled.notebook.cells):
+        gid = assemble.grade_id(cell)
+        if cell.cell_type != "code" or (gid and not assemble.is_answer(cell)) or cell.source == lab_cells.get(gid):
+            continue
+        for warning in lab_rules.check_cell(cell.source, provided):
+            notes.append(f"lab rules (a warning, no points lost): cell {gid or index}, line {warning.line}: "
+                         f"{warning.message}")
+    return notes
+
+
+def verdict_output(passed: bool, message: str, points: float) -> nbformat.NotebookNode:
+    mark = "passed" if passed else "FAILED"
+    return nbformat.v4.new_output("stream", name="stdout",
+                                  text=f"[grader] {mark} ({points:g} point{'s' * (points != 1)}): {message}\n")
+
+
+@dataclass
+class Job:
+    """Everything one grading run shares across students."""
+
+    lab: str
+    release: nbformat.NotebookNode
+    points: dict[str, float]
+    limits: Limits
+    seed: int
+    workdir: Path
+    hidden: list[Path]
+    slots: queue.Queue
+
+
+def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.NotebookNode | None]:
+    """Assemble, run in the sandbox, judge. Never raises for anything in the submission."""
+    result = StudentResult(sub.student, 0.0, sum(job.points.values()), "graded",
+                           tests={gid: 0.0 for gid in job.points})
+    try:
+        cells, read_notes = assemble.read_cells(sub.path)
+    except assemble.Unreadable as error:
+        result.status = "needs review"
+        result.notes.append(f"not graded: {error}")
+        return result, None
+    assembled = assemble.assemble(job.release, cells)
+    result.notes += read_notes + assembled.notes + rule_notes(assembled, job.release)
+    checks, ref = lab_checks(job.lab), reference(job.lab)
+    generator = torch.Generator().manual_seed(job.seed ^ zlib.crc32(sub.student.encode()))
+    inputs = {gid: check.inputs(generator) for gid, check in checks.items()}
+    probes: dict[int, list[dict]] = {}
+    for gid, index in assembled.graded_cells.items():
+        probes.setdefault(index, []).append({"grade_id": gid, "lab": job.lab.split("_")[0],
+                                             "probe": checks[gid].probe, "inputs": inputs[gid]})
+    folder = job.workdir / "sandboxes" / sub.student
+    slot = job.slots.get()
+    try:
+        sandbox.prepare(folder, job.lab, assembled.notebook, probes, job.limits, slot)
+        run = sandbox.run(folder, job.limits, slot, job.hidden)
+    finally:
+        job.slots.put(slot)
+    result.seconds = run.seconds
+    executed = sandbox.read_json(folder, folder / "executed.ipynb", 50 << 20)
+    executed_cells = executed.get("cells") if isinstance(executed, dict) else None
+    notebook = assembled.notebook
+    if isinstance(executed_cells, list) and len(executed_cells) == len(notebook.cells):
+        for cell, ran in zip(notebook.cells, executed_cells, strict=True):
+            if cell.cell_type == "code" and isinstance(ran, dict):
+                cell.outputs = assemble.clean_outputs(ran.get("outputs"))
+    for gid, check in checks.items():
+        answer = sandbox.read_json(folder, folder / "io" / f"{gid}.json", 20 << 20)
+        verdict = judge(check, inputs[gid], answer, ref)
+        result.tests[gid] = job.points[gid] if verdict.passed else 0.0
+        result.messages[gid] = verdict.message
+        if gid in assembled.graded_cells:
+            notebook.cells[assembled.graded_cells[gid]].outputs.append(
+                verdict_output(verdict.passed, verdict.message, result.tests[gid]))
+    result.score = float(sum(result.tests.values()))
+    result.notes += run_notes(run, notebook, job.limits)
+    if run.problem:
+        result.status = "needs review"
+    shutil.rmtree(folder, ignore_errors=True)
+    return result, notebook
+
+
+def run_notes(run: sandbox.Run, notebook: nbformat.NotebookNode, limits: Limits) -> list[str]:
+    """What the instructor and the student should know about how the run went, told apart by cause."""
+    def name(index) -> str:
+        try:
+            cell = notebook.cells[int(index)]
+        except (TypeError, ValueError, IndexError):
+            return f"cell {index}"
+        return f"cell '{assemble.grade_id(cell)}'" if assemble.grade_id(cell) else f"cell {index}"
+
+    notes = [f"timeout: {name(i)} ran past the {limits.cell_timeout} s limit per cell and was interrupted"
+             for i in run.report.get("timeouts", [])[:20] if isinstance(run.report.get("timeouts"), list)]
+    if run.report.get("stopped_at") is not None:
+        notes.append(f"crash: the kernel stopped while running {name(run.report['stopped_at'])} "
+                     f"({str(run.report.get('reason'))[:100]}); the cells after it did not run")
+    for cell in notebook.cells:
+        if any(o.get("ename") == "MemoryError" for o in cell.get("outputs", [])):
+            notes.append(f"memory: a cell ran out of its {limits.memory_bytes >> 30} GiB memory limit")
+            break
+    if run.problem:
+        notes.append(f"sandbox: {run.problem}")
+        notes.append(f"sandbox log: {run.log[-600:]}")
+    return notes
+
+
+def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, force: bool = False,
+          seed: int | None = None, workers: int = 2) -> list[StudentResult]:
+    """Grade every submission of `lab` found in `source` (folder or zip) and write the results into `out`.
+
+    limits: per-submission limits (default `Limits()`); force: replace an existing `out`; seed: the seed of
+    the hidden cases (default: fresh for every run, recorded in grading.log); workers: sandboxes at once.
+    """
+    check_lab(lab)
+    sandbox.available()
+    limits = limits or Limits()
+    seed = secrets.randbits(31) if seed is None else seed
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise GradingError(f"{out} already exists and is not empty; choose another folder or pass --force")
+    with tempfile.TemporaryDirectory(prefix="specdec-grade-") as tmp:
+        workdir = Path(tmp)
+        submissions = find_submissions(unpack(Path(source), workdir))
+        course = gradebook.make_course(workdir, lab)
+        release_nb = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
+        points = {assemble.grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in release_nb.cells
+                  if assemble.is_test(c)}
+        missing = set(points) ^ set(lab_checks(lab))
+        if missing:
+            raise GradingError(f"{lab}: test cells and checks do not match: {sorted(missing)}")
+        slots: queue.Queue = queue.Queue()
+        for slot in range(workers):
+            slots.put(slot)
+        hidden = sandbox.hidden_paths([REPO, workdir, Path(source).resolve(), out.resolve().parent])
+        job = Job(lab, release_nb, points, limits, seed, workdir, hidden, slots)
+        reference(lab)  # once, before the threads start
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            graded = list(pool.map(lambda sub: safe_grade_one(job, sub), submissions))
+        staging = workdir / "staging"
+        (staging / "autograded").mkdir(parents=True)
+        (staging / "feedback").mkdir()
+        for result, notebook in graded:
+            gradebook.record(course, lab, result.student, result.tests, result.status != "graded")
+            if notebook is not None:
+                target = course / "autograded" / result.student / lab / f"{lab}.ipynb"
+                target.parent.mkdir(parents=True)
+                notebook.cells.insert(0, notes_cell(result))
+                nbformat.write(notebook, target)
+                shutil.copy(target, staging / "autograded" / f"{result.student}.ipynb")
+        log = gradebook.generate_feedback(course, lab)
+        results = [result for result, _ in graded]
+        for result in results:
+            feedback = course / "feedback" / result.student / lab / f"{lab}.html"
             if feedback.exists():
-                shutil.copy(feedback, staging / "feedback" / f"{sub.student}.html")
-            results.append(result)
+                shutil.copy(feedback, staging / "feedback" / f"{result.student}.html")
+        write_reports(results, lab, staging)
+        (staging / "grading.log").write_text(
+            f"seed {seed}\n" + "".join(f"{r.student}: {r.seconds:.1f} s, {r.status}\n" for r in results)
+            + "\nnbgrader generate_feedback:\n" + log[-20000:])
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staging), str(out))
     return results
+
+
+def safe_grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.NotebookNode | None]:
+    """grade_one, with any failure of the grader itself confined to this student (marked for review)."""
+    try:
+        return grade_one(job, sub)
+    except Exception as error:  # a grader bug must not cost the rest of the class their grades
+        return StudentResult(sub.student, 0.0, sum(job.points.values()), "needs review",
+                             [f"the grader failed on this submission: {type(error).__name__}: {error}"],
+                             {gid: 0.0 for gid in job.points}), None
+
+
+def notes_cell(result: StudentResult) -> nbformat.NotebookNode:
+    """A markdown cell at the top of the graded notebook with the grader's notes for the student."""
+    lines = [f"**Grader notes** (score {result.score:g} / {result.max_score:g}, {result.status})"]
+    lines += [f"- {note}" for note in result.notes] or ["- nothing to report"]
+    return nbformat.v4.new_markdown_cell("\n".join(lines))
 
 
 def write_reports(results: list[StudentResult], lab: str, staging: Path) -> None:
@@ -283,34 +371,3 @@ def write_reports(results: list[StudentResult], lab: str, staging: Path) -> None
             writer.writerow([r.student, lab, f"{r.score:g}", f"{r.max_score:g}", r.status, " | ".join(r.notes)])
     (staging / "scores.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
 
-
-def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, enforce_policy: bool = True,
-          force: bool = False) -> list[StudentResult]:
-    """Grade every submission of `lab` found in `source` (folder or zip) and write the results into `out`.
-
-    limits: per-submission limits (default `Limits()`); enforce_policy: check the lab rules before running
-    (turned off only by tests that exercise the kernel's own defences); force: replace an existing `out`.
-    """
-    check_lab(lab)
-    limits = limits or Limits()
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise GradingError(f"{out} already exists and is not empty; choose another folder or pass --force")
-    with tempfile.TemporaryDirectory(prefix="specdec-grade-") as tmp:
-        workdir = Path(tmp)
-        submissions = find_submissions(unpack(Path(source), workdir))
-        course = make_course(workdir, lab, limits)
-        early = prepare(course, lab, submissions, enforce_policy)
-        env = kernel_environment(workdir, limits)
-        done = run_nbgrader(course, ["autograde", lab], env, check=False)
-        (workdir / "autograde.log").write_text(done.stderr)
-        run_nbgrader(course, ["generate_feedback", lab, "--force"], env, check=False)
-        staging = workdir / "staging"
-        results = collect(course, lab, submissions, early, staging)
-        write_reports(results, lab, staging)
-        shutil.copy(workdir / "autograde.log", staging / "autograde.log")
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(staging), str(out))
-    return results

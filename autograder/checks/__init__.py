@@ -1,12 +1,5 @@
-"""Hidden checks of the graded labs: the logic behind the `### BEGIN HIDDEN TESTS` cells.
+"""The trusted checker: one module per lab maps every test cell's grade id to a Check (probe, inputs, judge).
 
-Only the grading environment has this package on its path (the pipeline adds autograder/ to the kernel's
-PYTHONPATH); students receive the lab notebooks, never this code. Each hidden test cell calls one function
-here; a failed check raises AssertionError with a message that says what is wrong, not how to fix the code.
-The grading kernel imports this package before any student code runs (kernel_startup.py), so the torch
-functions captured in `_common` are the originals even if a submission patches torch later.
+Only the grading process imports this package; the sandbox never sees it. Students receive the lab notebooks,
+whose hidden test cells say only that hidden tests run when the lab is graded.
 """
-
-from checks import lab01, lab02, lab03, lab04
-
-__all__ = ["lab01", "lab02", "lab03", "lab04"]

@@ -1,102 +1,167 @@
-"""Hidden checks of lab 1 (speculative sampling): each targets one classic mistake."""
+"""Checks of lab 1 (speculative sampling). Visible checks repeat the notebook's own cases; hidden ones draw new
+cases from the run's generator and aim at the classic mistakes (p/q swapped, residual not clipped or not
+normalised, the bonus token missing or drawn from the wrong row, a histogram that does not converge to p)."""
 
 from __future__ import annotations
 
 import torch
-from checks._common import close, distributions, require, total_variation
+from autograder.checks._common import (Check, Fail, as_int, as_ints, as_tensor, chi_square_pvalue, distributions, fixed,
+                            histogram, require, require_close, show)
+
+P_VALUE = 1e-6  # an honest solution fails a statistical check with this probability (per check)
 
 
-def reference_process(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
-    if temperature == 0:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    scaled = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    return torch.softmax(scaled, dim=-1)
+def judge_tensors(function: str, *arguments: str):
+    """A judge comparing each case's answer with the reference `function` applied to the same case."""
+    def judge(inputs: dict, answers: list, ref: dict) -> None:
+        for case, answer in zip(inputs["cases"], answers, strict=True):
+            args = [torch.tensor(case[a]) if isinstance(case[a], list) else case[a] for a in arguments]
+            expected = ref[function](*args)
+            shown = ", ".join(f"{a}={show(case[a]) if not isinstance(case[a], list) else 'tensor'}"
+                              for a in arguments)
+            require_close(answer, expected, f"{function}({shown})")
+    return judge
 
 
-def process_logits_hidden(process_logits) -> None:
-    """Temperature scaling, top-k masking and renormalisation, greedy rows, batched input."""
-    logits = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
-    for temperature, top_k in [(0.5, None), (2.0, None), (1.0, 2), (0.7, 3), (0.0, None)]:
-        expected = reference_process(logits, temperature, top_k)
-        got = process_logits(logits.clone(), temperature, top_k)
-        require(close(got, expected), f"process_logits(logits of shape (3, 7), temperature={temperature}, "
-                                      f"top_k={top_k}) gives the wrong probabilities")
+def process_cases(generator: torch.Generator) -> dict:
+    logits = torch.randn(3, 7, generator=generator)
+    settings = [(0.5, None), (2.0, None), (1.0, 2), (0.7, 3), (0.0, None)]
+    return {"cases": [{"logits": logits.tolist(), "temperature": t, "top_k": k} for t, k in settings]}
 
 
-def reference_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    excess = (p - q).clamp(min=0)
-    return excess / excess.sum() if excess.sum() > 0 else p
+def residual_cases(generator: torch.Generator) -> dict:
+    p, q = distributions(2, 9, generator)
+    return {"cases": [{"p": p.tolist(), "q": q.tolist()}, {"p": p.tolist(), "q": p.tolist()}]}
 
 
-def residual_hidden(residual) -> None:
-    """Clipped at zero, normalised, p - q (not q - p), and p itself when p == q."""
-    p, q = distributions(2, 9, seed=11)
-    got = residual(p.clone(), q.clone())
-    require(isinstance(got, torch.Tensor) and bool((got >= 0).all()), "the residual has negative entries")
-    require(abs(float(got.sum()) - 1) < 1e-5, f"the residual sums to {float(got.sum()):.4f}, not 1")
-    require(close(got, reference_residual(p, q)), "the residual is not norm(max(0, p - q))")
-    require(close(residual(p.clone(), p.clone()), p), "residual(p, p) should be p (the residual is empty)")
-
-
-def accepted_count_hidden(accepted_count) -> None:
-    """Accept with probability min(1, p/q) (not q/p), and stop at the first rejection."""
+def count_cases(generator: torch.Generator) -> dict:
     p = torch.tensor([[0.2, 0.8], [0.9, 0.1], [0.5, 0.5]])
     q = torch.tensor([[0.8, 0.2], [0.1, 0.9], [0.5, 0.5]])
-    # token 0 at row 0: p/q = 0.25 -> rejected by u = 0.5 (q/p = 4 would accept it)
-    require(accepted_count(torch.tensor([0, 0, 0]), p, q, torch.tensor([0.5, 0.5, 0.5])) == 0,
-            "a token with p(x)/q(x) = 0.25 was accepted with u = 0.5")
-    # rows: p/q = 4 (always accepted), then p/q = 1/9 rejected by u = 0.5, then an acceptable one
-    require(accepted_count(torch.tensor([1, 1, 0]), p, q, torch.tensor([0.9, 0.5, 0.1])) == 1,
-            "wrong count when the second token is rejected (counting must stop at the first rejection)")
-    require(accepted_count(torch.tensor([1, 0, 1]), p, q, torch.tensor([0.99, 0.99, 0.99])) == 3,
-            "tokens with p(x) >= q(x) must always be accepted")
+    cases = [  # p/q = 0.25 rejected by u = 0.5; a rejection at position 1 stops the count; p >= q always kept
+        {"tokens": [0, 0, 0], "p": p.tolist(), "q": q.tolist(), "u": [0.5, 0.5, 0.5]},
+        {"tokens": [1, 1, 0], "p": p.tolist(), "q": q.tolist(), "u": [0.9, 0.5, 0.1]},
+        {"tokens": [1, 0, 1], "p": p.tolist(), "q": q.tolist(), "u": [0.99, 0.99, 0.99]},
+    ]
+    for _ in range(6):
+        p, q = distributions(4, 5, generator), distributions(4, 5, generator)
+        tokens = torch.multinomial(q, 1, generator=generator)[:, 0]
+        cases.append({"tokens": tokens.tolist(), "p": p.tolist(), "q": q.tolist(),
+                      "u": torch.rand(4, generator=generator).tolist()})
+    return {"cases": cases}
 
 
-def verify_bonus_hidden(verify) -> None:
-    """All drafted tokens accepted: exactly one bonus token, drawn from p[k] (not p[k - 1])."""
-    vocab = 8
+def judge_counts(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        expected = ref["accepted_count"](torch.tensor(case["tokens"]), torch.tensor(case["p"]),
+                                         torch.tensor(case["q"]), torch.tensor(case["u"]))
+        got = as_int(answer)
+        ratios = [round(case["p"][i][t] / case["q"][i][t], 3) for i, t in enumerate(case["tokens"])]
+        require(got == expected, f"draft {case['tokens']} with p/q ratios {ratios} and u = {show(case['u'])}: "
+                                 f"expected {expected} accepted, got {got}")
+
+
+def bonus_cases(generator: torch.Generator) -> dict:
+    cases = []
     for k in range(1, 5):
-        draft = torch.arange(k) % vocab + 2
-        rows = torch.nn.functional.one_hot(draft, vocab).float()
-        p = torch.cat([rows, torch.nn.functional.one_hot(torch.tensor([7]), vocab).float()])
-        out = verify(draft, p, rows.clone(), torch.Generator().manual_seed(k))
-        require(list(out)[:k] == draft.tolist(), f"k={k}: a draft that matches p exactly was not fully accepted")
-        require(len(out) == k + 1, f"k={k}: every draft token was accepted but {len(out)} tokens were emitted "
-                                   f"(expected {k + 1})")
-        require(int(out[k]) == 7, f"k={k}: the bonus token did not come from the target's distribution after "
-                                  "the last drafted token")
+        draft = [(i + int(torch.randint(0, 6, (1,), generator=generator))) % 6 + 1 for i in range(k)]
+        rows = torch.nn.functional.one_hot(torch.tensor(draft), 8).float()
+        p = torch.cat([rows, torch.nn.functional.one_hot(torch.tensor([7]), 8).float()])
+        cases.append({"tokens": draft, "p": p.tolist(), "q": rows.tolist(), "seed": k})
+    return {"cases": cases}
 
 
-def verify_rejection_hidden(verify) -> None:
-    """After a rejection: one token from the residual at that position; the first token is distributed as p."""
-    p = torch.tensor([[0.4, 0.3, 0.3, 0.0], [0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 1.0]])
-    q = torch.tensor([[0.4, 0.3, 0.3, 0.0], [0.5, 0.0, 0.5, 0.0]])
-    # Row 0 always accepts; token 0 at row 1 has p = 0 and is always rejected; residual = one-hot(1).
-    for seed in range(40):
-        out = verify(torch.tensor([2, 0]), p, q, torch.Generator().manual_seed(seed))
-        require(list(out) == [2, 1], f"after the rejection at position 1 the emitted tokens were {list(out)}, "
-                                      "but the correction must be sampled from norm(max(0, p - q)) there")
-    p0, q0 = distributions(2, 5, seed=5, sharpness=1.5)
-    p_rows, q_rows = torch.stack([p0, p0]), q0[None]
-    gen = torch.Generator().manual_seed(123)
-    counts = torch.zeros(5)
-    n = 3000
-    for _ in range(n):
-        x = torch.multinomial(q0, 1, generator=gen)
-        counts[int(verify(x, p_rows, q_rows, gen)[0])] += 1
-    distance = total_variation(counts / n, p0)
-    require(distance < 0.05, f"the first emitted token is not distributed as p (total variation {distance:.3f})")
+def judge_bonus(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        got, k = as_ints(answer), len(case["tokens"])
+        expected = case["tokens"] + [7]
+        require(got == expected, f"a draft of {k} tokens that the target agrees with entirely (p[{k}] puts all its "
+                                 f"mass on token 7): expected {expected}, got {got}")
 
 
-def histogram_hidden(first_token_histogram) -> None:
-    """The student's own histogram converges to p."""
-    p, q = distributions(2, 6, seed=21, sharpness=2.0)
-    n = 4000
-    counts = first_token_histogram(p.clone(), q.clone(), n, torch.Generator().manual_seed(7))
-    require(isinstance(counts, torch.Tensor) and counts.shape == (6,) and int(counts.sum()) == n,
-            "the histogram must count n draws over the vocabulary")
-    distance = total_variation(counts.float() / n, p)
-    require(distance < 0.05, f"your histogram does not match p (total variation {distance:.3f} over {n} draws)")
+REJECTION_P = [[0.4, 0.3, 0.3, 0.0], [0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 1.0]]
+REJECTION_Q = [[0.4, 0.3, 0.3, 0.0], [0.5, 0.0, 0.5, 0.0]]
+
+
+def rejection_inputs(generator: torch.Generator) -> dict:
+    p0, q0 = distributions(2, 5, generator, sharpness=1.5)
+    cases = [{"tokens": [2, 0], "p": REJECTION_P, "q": REJECTION_Q, "seed": s} for s in range(20)]
+    return {"cases": cases, "first": {"p": p0.tolist(), "q": q0.tolist(), "n": 3000,
+                                      "seed": int(torch.randint(0, 2**31, (1,), generator=generator))}}
+
+
+def judge_rejection(inputs: dict, answer: dict, ref: dict) -> None:
+    for got in answer["cases"]:
+        got = as_ints(got)
+        require(got == [2, 1], "a draft [2, 0] whose token 0 has p = 0 at position 1 (always rejected; the "
+                               f"residual there puts all its mass on token 1): expected [2, 1], got {got}")
+    p = torch.tensor(inputs["first"]["p"])
+    counts = histogram(as_ints(answer["first"]), len(p))
+    n = inputs["first"]["n"]
+    pvalue = chi_square_pvalue(counts, p)
+    require(pvalue > P_VALUE, f"over {n} one-token drafts from q, the first emitted token is not distributed as p "
+                              f"(chi-square p-value {pvalue:.1e}): p = {show(p)}, observed {show(counts / n)}")
+
+
+def histogram_cases(generator: torch.Generator) -> dict:
+    p, q = distributions(2, 6, generator)
+    return {"cases": [{"p": p.tolist(), "q": q.tolist(), "n": 4000,
+                       "seed": int(torch.randint(0, 2**31, (1,), generator=generator))}]}
+
+
+def judge_histogram_shape(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        counts = as_tensor(answer, (len(case["p"]),))
+        require(int(counts.sum()) == case["n"], f"the counts should add up to n = {case['n']}, "
+                                                f"they add up to {show(float(counts.sum()))}")
+
+
+def judge_histogram(inputs: dict, answers: list, ref: dict) -> None:
+    judge_histogram_shape(inputs, answers, ref)
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        counts, p = as_tensor(answer), torch.tensor(case["p"])
+        pvalue = chi_square_pvalue(counts, p)
+        if pvalue <= P_VALUE:
+            raise Fail(f"your histogram of n = {case['n']} draws does not match p (chi-square p-value "
+                       f"{pvalue:.1e}): p = {show(p)}, observed {show(counts / case['n'])}")
+
+
+CHECKS = {
+    "test_process_logits": Check(
+        "process_logits", fixed({"cases": [{"logits": [1.0, 3.0, 2.0, 0.5], "temperature": 1.0, "top_k": None},
+                                           {"logits": [1.0, 3.0, 2.0, 0.5], "temperature": 0.0, "top_k": None}]}),
+        judge_tensors("process_logits", "logits", "temperature", "top_k"), "process_logits on the visible cases"),
+    "test_process_logits_hidden": Check(
+        "process_logits", process_cases, judge_tensors("process_logits", "logits", "temperature", "top_k"),
+        "process_logits on random (3, 7) logits at five temperature / top-k settings"),
+    "test_residual": Check(
+        "residual", fixed({"cases": [{"p": [0.5, 0.3, 0.2], "q": [0.2, 0.3, 0.5]}]}),
+        judge_tensors("residual", "p", "q"), "residual on the visible case"),
+    "test_residual_hidden": Check(
+        "residual", residual_cases, judge_tensors("residual", "p", "q"),
+        "residual of random distributions over 9 tokens, and residual(p, p)"),
+    "test_accepted_count": Check(
+        "accepted_count", fixed({"cases": [{"tokens": [0, 1], "p": [[0.9, 0.1], [0.5, 0.5]],
+                                            "q": [[0.9, 0.1], [0.5, 0.5]], "u": [0.99, 0.99]}]}),
+        judge_counts, "accepted_count on the visible case"),
+    "test_accepted_count_hidden": Check(
+        "accepted_count", count_cases, judge_counts,
+        "accepted_count on hand-made and random drafts (ratio p/q, first rejection)"),
+    "test_verify": Check(
+        "verify", fixed({"cases": [{"tokens": [1], "p": [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]], "q": [[0.5, 0.5, 0.0]],
+                                    "seed": 0}]}),
+        lambda inputs, answers, ref: require((got := as_ints(answers[0])) == [1, 2],
+                                             f"a one-token draft the target accepts: expected [1, 2], got {got}"),
+        "verify on the visible case"),
+    "test_verify_bonus_hidden": Check("verify", bonus_cases, judge_bonus,
+                                      "verify when every drafted token is accepted (k = 1 to 4)"),
+    "test_verify_rejection_hidden": Check(
+        "verify_rejection", rejection_inputs, judge_rejection,
+        "verify after a rejection, and the distribution of the first emitted token"),
+    "test_histogram": Check(
+        "first_token_histogram", lambda generator: {"cases": [{
+            "p": (pq := distributions(2, 6, torch.Generator().manual_seed(1)))[0].tolist(), "q": pq[1].tolist(),
+            "n": 200, "seed": 0}]},
+        judge_histogram_shape, "first_token_histogram's shape and total on the visible case"),
+    "test_histogram_hidden": Check("first_token_histogram", histogram_cases, judge_histogram,
+                                   "first_token_histogram converges to p (4000 draws, random p and q)"),
+}

@@ -1,0 +1,171 @@
+"""Turns a submitted file into the notebook the sandbox runs (trusted side; nothing here executes student code).
+
+A submission is read leniently (any nbformat 4 minor version, odd metadata, a missing or duplicated cell) and
+rebuilt on the lab's release notebook: every cell the lab provides (instructions, setup, tests) comes from the
+release, each answer cell from the student's cell with the same grade id, and every cell the student added
+(scratch work, helpers) is kept after the lab cell it followed. So a deleted test cell, an edited locked cell, a
+helper pasted from another lab or a changed cell metadata never stops grading; each repair is noted.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+MAX_NOTEBOOK_BYTES = 20 << 20
+CELL_TYPES = {"code", "markdown", "raw"}
+
+
+@dataclass
+class StudentCell:
+    """One cell as submitted: its type, source and grade id (None for cells without nbgrader metadata)."""
+
+    cell_type: str
+    source: str
+    grade_id: str | None
+
+
+@dataclass
+class Assembled:
+    """The notebook to run, the index of each graded cell in it, and notes on what was repaired."""
+
+    notebook: nbformat.NotebookNode
+    graded_cells: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+
+class Unreadable(Exception):
+    """The file is not a notebook at all; the message says why."""
+
+
+def source_text(source) -> str:
+    if isinstance(source, list):
+        return "".join(str(part) for part in source)
+    return source if isinstance(source, str) else ""
+
+
+def read_cells(path: Path) -> tuple[list[StudentCell], list[str]]:
+    """The cells of the submitted file at `path`, read without trusting its schema; and notes on oddities."""
+    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        raise Unreadable(f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as error:
+        raise Unreadable(f"the file is not valid JSON ({str(error)[:120]})") from None
+    if isinstance(data, dict) and "worksheets" in data:  # nbformat 3: let nbformat convert it
+        data = nbformat.convert(nbformat.from_dict(data), 4)
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise Unreadable("the file is JSON but not a Jupyter notebook (it has no list of cells)")
+    cells, notes = [], []
+    for index, raw in enumerate(data["cells"]):
+        kind = raw.get("cell_type") if isinstance(raw, dict) else None
+        if kind not in CELL_TYPES:
+            notes.append(f"cell {index} is not a code, markdown or raw cell and was skipped")
+            continue
+        meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+        nbgrader = meta.get("nbgrader") if isinstance(meta.get("nbgrader"), dict) else {}
+        grade_id = nbgrader.get("grade_id") if isinstance(nbgrader.get("grade_id"), str) else None
+        cells.append(StudentCell(kind, source_text(raw.get("source", "")), grade_id))
+    return cells, notes
+
+
+def grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def is_answer(cell) -> bool:
+    return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
+
+
+def is_test(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
+def assemble(release: nbformat.NotebookNode, cells: list[StudentCell]) -> Assembled:
+    """The release notebook with the student's answers and added cells in place (see the module docstring)."""
+    known = {grade_id(c): c for c in release.cells if grade_id(c)}
+    answers: dict[str, str] = {}
+    extras: dict[str | None, list[StudentCell]] = {}
+    anchor: str | None = None
+    notes: list[str] = []
+    for cell in cells:
+        if cell.grade_id in known and cell.grade_id not in answers:
+            answers[cell.grade_id] = cell.source
+            anchor = cell.grade_id
+            continue
+        if cell.grade_id in answers:
+            notes.append(f"a second copy of the cell '{cell.grade_id}' was run as an ordinary cell")
+        elif cell.grade_id is not None:
+            notes.append(f"a cell marked '{cell.grade_id}', which this lab does not have (pasted from another "
+                         "lab?), was run as an ordinary cell")
+        extras.setdefault(anchor, []).append(cell)
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    graded: dict[str, int] = {}
+    first_lab_cell = next((i for i, c in enumerate(release.cells) if grade_id(c)), 0)
+    for index, cell in enumerate(release.cells):
+        if index == first_lab_cell:
+            nb.cells.extend(plain_cell(c) for c in extras.get(None, []))
+        cell = copy.deepcopy(cell)
+        cell.pop("id", None)
+        gid = grade_id(cell)
+        if gid and is_answer(cell):
+            if gid in answers:
+                cell.source = answers[gid]
+            else:
+                notes.append(f"the answer cell '{gid}' was missing; the lab's empty version was run")
+        elif gid and gid not in answers:
+            notes.append(f"the lab's cell '{gid}' was missing and was put back")
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+        if gid and is_test(cell):
+            graded[gid] = len(nb.cells)
+        nb.cells.append(cell)
+        if gid:
+            nb.cells.extend(plain_cell(c) for c in extras.get(gid, []))
+    for cell in nb.cells:
+        cell["id"] = f"cell-{nb.cells.index(cell)}"
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    nbformat.validate(nb)
+    return Assembled(nb, graded, notes)
+
+
+def plain_cell(cell: StudentCell) -> nbformat.NotebookNode:
+    """A student-added cell, without any nbgrader metadata."""
+    if cell.cell_type == "code":
+        return nbformat.v4.new_code_cell(cell.source)
+    if cell.cell_type == "markdown":
+        return nbformat.v4.new_markdown_cell(cell.source)
+    return nbformat.v4.new_raw_cell(cell.source)
+
+
+ALLOWED_OUTPUT_DATA = ("text/plain", "image/png")
+MAX_TEXT = 20_000
+
+
+def clean_outputs(outputs) -> list[nbformat.NotebookNode]:
+    """Outputs from the sandbox (untrusted) reduced to plain text, tracebacks and PNG images, each capped."""
+    cleaned = []
+    for output in outputs if isinstance(outputs, list) else []:
+        if not isinstance(output, dict):
+            continue
+        kind = output.get("output_type")
+        if kind == "stream":
+            cleaned.append(nbformat.v4.new_output("stream", name="stdout",
+                                                  text=source_text(output.get("text"))[:MAX_TEXT]))
+        elif kind == "error":
+            trace = [str(line)[:MAX_TEXT] for line in output.get("traceback", [])][:60] \
+                if isinstance(output.get("traceback"), list) else []
+            cleaned.append(nbformat.v4.new_output("error", ename=str(output.get("ename"))[:200],
+                                                  evalue=str(output.get("evalue"))[:2000], traceback=trace))
+        elif kind in ("execute_result", "display_data") and isinstance(output.get("data"), dict):
+            data = {k: source_text(v) for k, v in output["data"].items() if k in ALLOWED_OUTPUT_DATA}
+            data = {k: v[:MAX_TEXT] if k == "text/plain" else v for k, v in data.items() if len(v) < 2_000_000}
+            if data:
+                cleaned.append(nbformat.v4.new_output("display_data", data=data))
+    return cleaned
