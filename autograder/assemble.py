@@ -115,10 +115,11 @@ def assemble(release: nbformat.NotebookNode, cells: list[StudentCell]) -> Assemb
         cell.pop("id", None)
         gid = grade_id(cell)
         if gid and is_answer(cell):
-            if gid in answers:
-                cell.source = answers[gid]
-            else:
-                notes.append(f"the answer cell '{gid}' was missing; the lab's empty version was run")
+            if gid not in answers:  # deleted, or its metadata lost: its code (if any) runs as an added cell
+                notes.append(f"the answer cell '{gid}' was not found (deleted, or its cell metadata changed)")
+                nb.cells.extend(plain_cell(c) for c in extras.get(gid, []))
+                continue
+            cell.source = answers[gid]
         elif gid and gid not in answers:
             notes.append(f"the lab's cell '{gid}' was missing and was put back")
         if cell.cell_type == "code":

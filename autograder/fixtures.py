@@ -14,7 +14,8 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.pipeline import SOLUTIONS
+from autograder import fixture_sources as sources
+from autograder.gradebook import SOLUTIONS
 
 SOLUTION_REGION = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|$)", re.M)
 
@@ -31,7 +32,8 @@ class Mistake:
 
 @dataclass
 class LabFixtures:
-    """What the fixtures of one lab need to know.
+    """What the fixtures of one lab need to know (`honest`: alternative correct answers,
+    cell -> source; None for the lab's built-in rewrite of the solution).
 
     target_cell: the solution cell the adversarial fixtures attack; target_tests: the test cells that fail when
     that cell defines nothing; reference_import: a cell that imports the course's own implementation instead
@@ -42,19 +44,22 @@ class LabFixtures:
     target_tests: set[str]
     reference_import: str
     mistakes: dict[str, Mistake] = field(default_factory=dict)
+    honest: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass
 class Fixture:
     """One simulated submission: `notebook` (None for a file that is not a notebook, see `raw`), and the test
     cells it must lose (`lost`; None means every test). `exact`: the lost set is exact, not an upper bound on
-    what it may earn (adversarial fixtures that can also disturb later cells only promise no unearned points)."""
+    what it may earn (adversarial fixtures that can also disturb later cells only promise no unearned points).
+    `kind`: "honest" (must lose only `lost`), "mistake" (a classic mistake) or "attack"."""
 
     name: str
     notebook: nbformat.NotebookNode | None
     lost: set[str] | None
     exact: bool = True
     raw: bytes | None = None
+    kind: str = "mistake"
 
 
 def solution_notebook(lab: str) -> nbformat.NotebookNode:
@@ -98,7 +103,8 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
     target = spec.target_cell
     target_source = solution_source(lab, target)
     blank_stub = "# YOUR CODE HERE\nraise NotImplementedError()"
-    out = [Fixture("solution", solved(release, lab), set()), Fixture("blank", nbformat.from_dict(release), None)]
+    out = [Fixture("solution", solved(release, lab), set(), kind="honest"),
+           Fixture("blank", nbformat.from_dict(release), None)]
     for name, mistake in spec.mistakes.items():
         source = solution_source(lab, mistake.cell)
         if mistake.old not in source:
@@ -108,21 +114,31 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
 
     def attack(name: str, source: str, lost: set[str] | None = None, exact: bool = True) -> None:
         out.append(Fixture(name, solved(release, lab, {target: source}),
-                           spec.target_tests if lost is None else lost, exact))
+                           spec.target_tests if lost is None else lost, exact, kind="attack"))
 
+    def honest(name: str, notebook: nbformat.NotebookNode, lost: set[str] | None = None) -> None:
+        out.append(Fixture(name, notebook, lost or set(), kind="honest"))
+
+    # The kernel's own defences: a loop, exits, a flood, a memory bomb, a fork bomb.
     attack("infinite_loop", "while True:\n    pass\n" + target_source)
     attack("sys_exit", "import sys\nsys.exit(1)\n" + target_source)
     attack("raise_system_exit", "raise SystemExit(0)\n" + target_source)
-    attack("os_exit", "import os\nos._exit(1)\n" + target_source)
-    attack("imports_reference", spec.reference_import)
-    attack("monkeypatch_module", "torch.allclose = lambda *args, **kwargs: True\n"
-                                 "torch.equal = lambda *args, **kwargs: True\n" + blank_stub)
-    attack("monkeypatch_alias", "def _cheat():\n    t = torch\n    t.allclose = lambda *args, **kwargs: True\n"
-                                "    t.equal = lambda *args, **kwargs: True\n\n_cheat()\n" + blank_stub)
+    attack("os_exit", "import os\nos._exit(1)\n" + target_source, lost=every, exact=False)
     attack("stdout_flood", "for _ in range(200_000):\n    print('flood ' * 20)\n" + target_source, lost=set())
     attack("memory_bomb", "hoard = []\nwhile True:\n    hoard.append(torch.ones(1 << 26))\n" + target_source,
            exact=False)
-
+    attack("fork_bomb", sources.FORK_BOMB + target_source, exact=False)
+    # Earning points without the work: the reference, the solutions on disk, the checker, lying objects.
+    attack("imports_reference", spec.reference_import)
+    attack("reads_solutions", sources.READ_SOLUTIONS.format(lab=lab, name=target))
+    attack("interpreter_tricks", sources.INTERPRETER_TRICKS + blank_stub)
+    attack("patches_probes", sources.PATCH_PROBES + blank_stub)
+    attack("monkeypatch_module", "torch.allclose = lambda *args, **kwargs: True\n"
+                                 "torch.equal = lambda *args, **kwargs: True\n" + blank_stub)
+    attack("lying_objects", sources.LIAR + f"\n\ndef {target}(*args, **kwargs):\n    return Liar()\n")
+    attack("writes_gradebook", sources.WRITE_GRADEBOOK + blank_stub)
+    attack("kills_grader", sources.KILL_GRADER + blank_stub, lost=every, exact=False)
+    # Broken files and edited lab cells.
     deleted = solved(release, lab, {target: blank_stub})
     deleted.cells = [c for c in deleted.cells if not is_test(c)]
     out.append(Fixture("deleted_tests", deleted, spec.target_tests))
@@ -133,6 +149,41 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
             cell.metadata["nbgrader"]["points"] = 100
     out.append(Fixture("edited_tests", edited, spec.target_tests))
     out.append(Fixture("corrupt_file", None, None, raw=b'{"cells": [{"cell_type": "code", "sour'))
+    newer = nbformat.writes(solved(release, lab))
+    newer = newer.replace('"nbformat_minor": 5', '"nbformat_minor": 99', 1).replace(
+        '"cell_type": "code",', '"cell_type": "code", "x-future-field": {"a": 1},', 1)
+    out.append(Fixture("newer_schema", None, set(), raw=newer.encode(), kind="honest"))
+    # Honest habits that must grade as correct work.
+    habits = solved(release, lab)
+    for cell in habits.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = "from __future__ import annotations\n\n" + cell.source
+    honest("future_import", habits)
+    scratch = solved(release, lab)
+    anchor = next(i for i, c in enumerate(scratch.cells) if grade_id(c) == target)
+    scratch.cells.insert(anchor + 1, nbformat.v4.new_code_cell(sources.SCRATCH))
+    honest("scratch_cells", scratch)
+    pasted = solved(release, lab)
+    foreign = nbformat.v4.new_code_cell("def helper_from_another_lab(x):\n    return x\n", metadata={
+        "nbgrader": {"grade_id": "medusa_tree_other_lab", "solution": True, "grade": False, "locked": False,
+                     "schema_version": 3}})
+    pasted.cells.insert(anchor + 1, foreign)
+    honest("pasted_helper_cell", pasted)
+    changed = solved(release, lab)
+    for cell in changed.cells:
+        if grade_id(cell) == target:
+            cell.metadata = {"tags": ["mine"], "nbgrader": {"grade_id": target, "solution": True, "locked": True,
+                                                            "schema_version": 1}}
+    honest("changed_metadata", changed)
+    unfinished = solved(release, lab)
+    first_md = next(i for i in range(anchor, -1, -1) if unfinished.cells[i].cell_type == "markdown")
+    section_end = next((i for i in range(anchor + 1, len(unfinished.cells))
+                        if unfinished.cells[i].cell_type == "markdown"), len(unfinished.cells))
+    del unfinished.cells[first_md:section_end]
+    honest("deleted_section", unfinished, spec.target_tests)
+    for cell, source in spec.honest.items():
+        source = source or solution_source(lab, cell).replace("dec.tokens.extend(emitted)", "dec.tokens += emitted")
+        honest(f"alternative_{cell}", solved(release, lab, {cell: source}))
     for fixture in out:
         if fixture.lost is not None and not fixture.lost <= every:
             raise ValueError(f"{lab} fixture {fixture.name} names unknown tests {fixture.lost - every}")
@@ -174,6 +225,19 @@ LABS: dict[str, LabFixtures] = {
             "bonus_wrong_position": Mistake("verify", "torch.multinomial(p[k], 1", "torch.multinomial(p[k - 1], 1",
                                             {"test_verify", "test_verify_bonus_hidden"}),
         },
+        honest={"process_logits": (
+            "def process_logits(logits, temperature, top_k=None):\n"
+            "    if temperature == 0:\n"
+            "        rows = logits.reshape(-1, logits.shape[-1])\n"
+            "        out = torch.zeros(rows.shape)\n"
+            "        for r in range(rows.shape[0]):\n"
+            "            out[r, int(torch.argmax(rows[r]))] = 1.0\n"
+            "        return out.reshape(logits.shape)\n"
+            "    scaled = logits / temperature\n"
+            "    if top_k:\n"
+            "        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]\n"
+            "        scaled = torch.where(scaled < kth, torch.full_like(scaled, -math.inf), scaled)\n"
+            "    return scaled.softmax(dim=-1)\n")},
     ),
     "lab02_loop": LabFixtures(
         target_cell="formulas",
@@ -198,7 +262,19 @@ LABS: dict[str, LabFixtures] = {
                                       "", {"test_generate_eos_hidden"}),
             "bonus_not_counted": Mistake("formulas", "(1 - alpha ** (k + 1)) / (1 - alpha)",
                                          "(1 - alpha ** k) / (1 - alpha)", {"test_formulas_hidden"}),
+            "verifies_against_draft": Mistake("speculative_step", "emitted = verify(drafted, p, q, dec.generator)",
+                                              "emitted = verify(drafted, torch.cat([q, p[-1:]]), q, dec.generator)",
+                                              {"test_step_cache_hidden", "test_step_lossless_hidden",
+                                               "test_generate_eos_hidden"}),
+            "reports_q_at_temperature_one": Mistake(
+                "draft", "q = probs(forward(model, feed, cache)[-1], temperature)\n"
+                         "        token = int(torch.multinomial(q, 1, generator=generator))",
+                "logits = forward(model, feed, cache)[-1]\n"
+                "        token = int(torch.multinomial(probs(logits, temperature), 1, generator=generator))\n"
+                "        q = probs(logits, 1.0 if temperature else 0.0)",
+                {"test_draft_sampling_hidden", "test_draft_temperature_hidden", "test_step_lossless_hidden"}),
         },
+        honest={"speculative_step": None},
     ),
     "lab03_trees": LabFixtures(
         target_cell="tree_attention_mask",
@@ -239,6 +315,8 @@ LABS: dict[str, LabFixtures] = {
             "ranked_by_local_probability": Mistake("dynamic_tree", "scores.append(score + child_logp)",
                                                    "scores.append(child_logp)",
                                                    {"test_dynamic_tree", "test_dynamic_tree_hidden"}),
+            "frontier_not_pruned": Mistake("dynamic_tree", "key=lambda i: (-scores[i], i))[:top_k]]",
+                                           "key=lambda i: (-scores[i], i))]", {"test_dynamic_tree_hidden"}),
         },
     ),
 }

@@ -32,7 +32,9 @@ import queue
 import re
 import secrets
 import shutil
+import sys
 import tempfile
+import types
 import warnings
 import zipfile
 import zlib
@@ -44,8 +46,8 @@ import nbformat
 import torch
 
 from autograder import assemble, gradebook, sandbox
-from autograder.gradebook import LABS, REPO, SOLUTIONS, GradingError, check_lab, list_labs, release  # noqa: F401
 from autograder.checks._common import judge
+from autograder.gradebook import LABS, REPO, SOLUTIONS, GradingError, check_lab, list_labs, release  # noqa: F401
 from autograder.sandbox import Limits
 from specdec_lab import lab_rules
 
@@ -164,7 +166,9 @@ _references: dict[str, dict] = {}
 def reference(lab: str) -> dict:
     """The namespace of `lab`'s reference solution, run here (trusted code) once per process."""
     if lab not in _references:
-        namespace: dict = {"__name__": f"reference_{lab}"}
+        module = types.ModuleType(f"specdec_reference_{lab}")
+        sys.modules[module.__name__] = module  # dataclasses look their module up there
+        namespace = module.__dict__
         grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
         with warnings.catch_warnings():
             for source in solution_code(lab):
@@ -226,7 +230,7 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
     result.notes += read_notes + assembled.notes + rule_notes(assembled, job.release)
     checks, ref = lab_checks(job.lab), reference(job.lab)
     generator = torch.Generator().manual_seed(job.seed ^ zlib.crc32(sub.student.encode()))
-    inputs = {gid: check.inputs(generator) for gid, check in checks.items()}
+    inputs = {gid: check.inputs(generator, ref) for gid, check in checks.items()}
     probes: dict[int, list[dict]] = {}
     for gid, index in assembled.graded_cells.items():
         probes.setdefault(index, []).append({"grade_id": gid, "lab": job.lab.split("_")[0],

@@ -26,12 +26,16 @@ class Warning_:
 
 
 def module_aliases(tree: ast.AST) -> dict[str, str]:
-    """Names bound to imported modules in `tree` (alias -> module)."""
-    aliases = {}
+    """Names bound to library modules in `tree` (alias -> module): imports, and plain copies like `t = torch`."""
+    aliases = {m: m for m in LIBRARIES}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 aliases[(alias.asname or alias.name).split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    aliases[target.id] = aliases[node.value.id]
     return aliases
 
 
@@ -65,7 +69,7 @@ def check_cell(source: str, provided: set[str]) -> list[Warning_]:
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    aliases = {**{m: m for m in LIBRARIES}, **module_aliases(tree)}
+    aliases = module_aliases(tree)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):

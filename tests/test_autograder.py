@@ -1,28 +1,28 @@
-"""The autograder: simulated submissions graded end to end through real nbgrader, plus the lab rules and the
-handling of bad input.
+"""The autograder: simulated classes graded end to end (sandbox, trusted checks, nbgrader's gradebook and
+feedback), the lenient assembly of submitted files, the lab rules as warnings, and bad input.
 
-The end-to-end tests are slow (each notebook runs in its own kernel): every lab's fixtures are graded in ONE
-batch, which is also what shows that a bad submission does not change anyone else's grade. The runtime
-attacks (infinite loop, SystemExit, output flood, memory bomb) exercise the kernel's defences, which do not
-depend on the lab, so they run in lab 1's batch only; every lab's static attacks are also checked against
-the rules without running (fast).
+The end-to-end tests are slow (every notebook runs in its own sandboxed kernel): each lab's fixtures are graded
+in ONE batch, which is also what shows that no submission changes anyone else's grade. Attacks on the kernel
+itself (loops, exits, floods, bombs, killing processes) do not depend on the lab, so they run in lab 1's batch.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from autograder import fixtures, pipeline, policy
+from autograder import assemble, fixtures, gradebook, pipeline
+from specdec_lab import lab_rules
 
 LIMITS = pipeline.Limits(cell_timeout=20, memory_bytes=3 << 30, cpu_seconds=300)
-RUNTIME_ATTACKS = {"infinite_loop", "raise_system_exit", "stdout_flood", "memory_bomb"}
-STATIC_ATTACKS = {"sys_exit", "os_exit", "imports_reference", "monkeypatch_module", "monkeypatch_alias"}
+KERNEL_ATTACKS = {"infinite_loop", "sys_exit", "raise_system_exit", "os_exit", "stdout_flood", "memory_bomb",
+                  "fork_bomb", "kills_grader"}
 LABS = pipeline.list_labs()
 
 
@@ -40,44 +40,82 @@ def digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_every_lab_has_fixtures_and_rules_catch_static_attacks():
-    assert LABS == sorted(fixtures.LABS), "every lab in solutions/ needs a fixture spec in autograder/fixtures.py"
-    for lab in LABS:
-        release = release_of(lab)
-        by_name = {f.name: f for f in fixtures.fixtures(lab, release)}
-        target = fixtures.LABS[lab].target_cell
-        for name, fixture in by_name.items():
-            if fixture.notebook is None:
-                continue
-            flagged = {fixtures.grade_id(fixture.notebook.cells[v.cell_index])
-                       for v in policy.find_violations(fixture.notebook, release)}
-            if name in STATIC_ATTACKS:
-                assert flagged == {target}, f"{lab}/{name}: the rules should stop exactly the attacking cell"
-            else:
-                assert flagged == set(), f"{lab}/{name}: honest code was flagged in {flagged}"
+@pytest.mark.parametrize("lab", LABS)
+def test_every_test_cell_has_a_trusted_check(lab):
+    release = release_of(lab)
+    tests = {assemble.grade_id(c) for c in release.cells if assemble.is_test(c)}
+    assert tests == set(pipeline.lab_checks(lab)), "every test cell needs a check in autograder/checks/"
+    hidden = [c for c in release.cells if assemble.is_test(c) and "hidden" in assemble.grade_id(c)]
+    assert hidden and all("run here when your lab is graded" in c.source for c in hidden)
 
 
-@pytest.mark.parametrize("source, reasons", [
-    ("import numpy as np", ["imports 'numpy'"]),
-    ("x = __import__('os')", ["uses '__import__'"]),
-    ("torch.allclose = None", ["modifies 'torch'"]),
-    ("def f():\n    t = torch\n    t.equal = None", ["sets an attribute of something other than 'self'"]),
-    ("y = torch.os.getpid()", ["reaches for the attribute 'os'"]),
-    ("z = (1).__class__", ["uses the special attribute '__class__'"]),
-    ("!ls", ["uses 'get_ipython'"]),
-    ("helper = 3", ["rebinds 'helper'"]),
-])
-def test_rules_name_what_is_forbidden(source, reasons):
-    found = policy.check_source(source, protected={"helper"}, module_names={"torch"})
-    for reason in reasons:
-        assert any(reason in f for f in found), (source, found)
+@pytest.mark.parametrize("lab", LABS)
+def test_reference_passes_its_own_checks_and_a_wrong_answer_fails(lab):
+    """The judges, run on the reference's own answers (computed here), accept them; on garbage they fail with a
+    message. This is the checker alone, without a sandbox."""
+    from autograder.checks._common import judge
+
+    ref = pipeline.reference(lab)
+    import torch
+
+    for gid, check in pipeline.lab_checks(lab).items():
+        inputs = check.inputs(torch.Generator().manual_seed(5), ref)
+        verdict = judge(check, inputs, {"error": "NotImplementedError"}, ref)
+        assert not verdict.passed and "NotImplementedError" in verdict.message, gid
+        verdict = judge(check, inputs, None, ref)
+        assert not verdict.passed and "no answer came back" in verdict.message, gid
 
 
-def test_rules_allow_ordinary_code():
-    source = ("import math\nfrom collections import deque\n\n\nclass Box:\n    def __init__(self):\n"
-              "        self.items = []\n\n\ndef f(helper):\n    counts = [0] * 3\n    counts[1] += 1\n"
-              "    return math.sqrt(helper) + torch.zeros(2).sum()\n")
-    assert policy.check_source(source, protected={"helper"}, module_names={"torch"}) == []
+def test_lab_rules_warn_without_flagging_honest_code():
+    honest = ("from __future__ import annotations\nimport math\n\nout = torch.zeros(2, 3)\n"
+              "out[0, int(torch.argmax(x))] = 1.0\np, q = 1, 2\ncounts, alpha = [0], 0.5\n"
+              "dec.tokens += [3]\n\n\n@dataclass\nclass Mine:\n    n: int = 0\n\n\nm = Mine()\nm.n = 3\n")
+    assert lab_rules.check_cell(honest, provided={"verify", "start"}) == []
+    cheating = ("import specdec_lab.sampling\ntorch.allclose = None\nt = torch\nt.nn.functional.x = 1\n"
+                "def verify(*a):\n    pass\nimport sys\nsys.exit(0)\n")
+    messages = " ".join(w.message for w in lab_rules.check_cell(cheating, provided={"verify"}))
+    for expected in ["imports specdec_lab", "patches the library: `torch.allclose", "`t.nn.functional.x",
+                     "redefines `verify`", "sys.exit()"]:
+        assert expected in messages, (expected, messages)
+
+
+def write_notebook(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "nb.ipynb"
+    path.write_text(text)
+    return path
+
+
+def test_assembly_repairs_what_students_do_to_notebooks(tmp_path):
+    lab = "lab01_sampling"
+    release = release_of(lab)
+    nb = fixtures.solved(release, lab)
+    target = next(i for i, c in enumerate(nb.cells) if assemble.grade_id(c) == "residual")
+    nb.cells.insert(target + 1, nbformat.v4.new_code_cell("scratch = 1"))
+    nb.cells = [c for c in nb.cells if assemble.grade_id(c) != "test_residual"]  # a deleted test cell
+    nb.cells.append(nbformat.v4.new_code_cell("x = 2", metadata={"nbgrader": {"grade_id": "residual"}}))
+    text = nbformat.writes(nb).replace('"nbformat_minor": 5', '"nbformat_minor": 99')
+    cells, notes = assemble.read_cells(write_notebook(tmp_path, text))
+    assembled = assemble.assemble(release, cells)
+    sources = [c.source for c in assembled.notebook.cells]
+    ids = [assemble.grade_id(c) for c in assembled.notebook.cells]
+    assert [i for i in ids if i] == [assemble.grade_id(c) for c in release.cells if assemble.grade_id(c)]
+    assert sources[ids.index("residual") + 1] == "scratch = 1", "an added cell stays after the cell it followed"
+    assert "x = 2" in sources and any("second copy" in n for n in assembled.notes)
+    assert any("'test_residual' was missing" in n for n in assembled.notes)
+    assert set(assembled.graded_cells) == {assemble.grade_id(c) for c in release.cells if assemble.is_test(c)}
+    for bad, reason in [("{", "not valid JSON"), ('{"a": 1}', "not a Jupyter notebook")]:
+        with pytest.raises(assemble.Unreadable, match=reason):
+            assemble.read_cells(write_notebook(tmp_path, bad))
+
+
+def test_outputs_from_the_sandbox_are_reduced_to_text():
+    cleaned = assemble.clean_outputs([
+        {"output_type": "display_data", "data": {"text/html": "<script>x</script>", "text/plain": "ok"}},
+        {"output_type": "stream", "name": "stderr", "text": "e" * 50_000},
+        {"output_type": "error", "ename": "E", "evalue": "v", "traceback": "not a list"}, "junk", 5])
+    assert cleaned[0]["data"] == {"text/plain": "ok"}
+    assert len(cleaned[1]["text"]) == assemble.MAX_TEXT and cleaned[2]["traceback"] == []
+    assert len(cleaned) == 3
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -119,36 +157,41 @@ def chosen_fixtures(lab: str) -> list[fixtures.Fixture]:
     every = fixtures.fixtures(lab, release_of(lab))
     if lab == "lab01_sampling":
         return every
-    return [f for f in every if f.name not in RUNTIME_ATTACKS]
+    return [f for f in every if f.name not in KERNEL_ATTACKS]
 
 
 @pytest.mark.grading
 @pytest.mark.parametrize("lab", LABS)
 def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
+    """Honest work loses nothing it should not, each classic mistake loses exactly its tests, attacks earn
+    nothing, and the reference is intact after the schema-breaking and grader-killing submissions."""
     chosen = chosen_fixtures(lab)
     submissions = tmp_path / "submissions"
     fixtures.write(chosen, submissions)
     before = digest(submissions)
-    results = {r.student: r for r in pipeline.grade(lab, submissions, tmp_path / "out", LIMITS)}
+    results = {r.student: r for r in pipeline.grade(lab, submissions, tmp_path / "out", LIMITS, seed=7)}
     assert digest(submissions) == before, "the submitted files must be left untouched"
 
     every_test = fixtures.test_ids(lab)
     full = results[student("solution")]
     assert full.status == "graded" and set(full.tests) == every_test
     assert full.score == full.max_score > 0 and all(v > 0 for v in full.tests.values()), full
+    problems = []
     for fixture in chosen:
         result = results[student(fixture.name)]
-        if fixture.notebook is None or fixture.lost is None:
-            assert result.score == 0, (fixture.name, result)
-            continue
         lost = {test for test, score in result.tests.items() if score == 0}
-        earned_too_much = {t for t, s in result.tests.items() if s > full.tests[t]}
-        assert not earned_too_much and set(result.tests) == every_test, (fixture.name, result)
-        if fixture.exact:
-            assert lost == fixture.lost, f"{fixture.name}: lost {sorted(lost)}, expected {sorted(fixture.lost)}"
-        else:
-            assert fixture.lost <= lost, f"{fixture.name}: lost {sorted(lost)}, expected at least {fixture.lost}"
-    assert results[student("corrupt_file")].status == "unreadable"
+        unearned = {t for t, s in result.tests.items() if s > full.tests[t]}
+        expected = every_test if fixture.lost is None else fixture.lost
+        if unearned or set(result.tests) != every_test:
+            problems.append(f"{fixture.name}: unearned {sorted(unearned)}")
+        elif fixture.exact and lost != expected:
+            problems.append(f"{fixture.name} ({fixture.kind}): lost {sorted(lost)}, expected {sorted(expected)}; "
+                            f"{[result.messages[t] for t in sorted(lost ^ expected)]} {result.notes}")
+        elif not fixture.exact and not expected <= lost:
+            problems.append(f"{fixture.name}: lost {sorted(lost)}, expected at least {sorted(expected)}")
+    assert not problems, "\n".join(problems)
+    assert results[student("corrupt_file")].status == "needs review"
+    assert results[student("newer_schema")].status == "graded"
 
     out = tmp_path / "out"
     with open(out / "grades.csv") as handle:
@@ -156,27 +199,39 @@ def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
     assert set(rows) == set(results) and float(rows[student("solution")]["score"]) == full.max_score
     graded = [name for name, r in results.items() if r.status == "graded"]
     assert all((out / "feedback" / f"{name}.html").exists() for name in graded)
-    assert all((out / "autograded" / f"{name}.ipynb").exists() for name in graded)
+    feedback = (out / "feedback" / "solution.html").read_text()
+    assert "[grader] passed" in feedback and "autograder" not in feedback and "checks" not in feedback
+    scores = json.loads((out / "scores.json").read_text())
+    assert all(set(s["messages"]) == every_test for s in scores if s["status"] == "graded")
     if lab == "lab01_sampling":
+        assert results[student("kills_grader")].status == "needs review"
         assert (out / "autograded" / "stdout-flood.ipynb").stat().st_size < 2_000_000
         notes = " ".join(results[student("imports_reference")].notes)
-        assert "specdec_lab" in notes, "the CSV should tell the instructor why a cell was not run"
+        assert "imports specdec_lab" in notes, "the notes should warn about the lab rules"
+        assert any(n.startswith("timeout:") for n in results[student("infinite_loop")].notes)
+        assert any(n.startswith("crash:") for n in results[student("os_exit")].notes)
 
 
 @pytest.mark.grading
-def test_a_kernel_killed_by_a_submission_costs_only_that_submission(tmp_path):
-    """With the static rules switched off, os._exit kills its kernel and sys.exit raises inside it; the
-    batch still grades everybody else exactly (submitted as an LMS zip of per-student folders)."""
+def test_the_command_line_lists_submissions_that_need_review(tmp_path):
+    from autograder.__main__ import main
+
     chosen = {f.name: f for f in fixtures.fixtures("lab01_sampling", release_of("lab01_sampling"))}
     archive = tmp_path / "moodle.zip"
     with zipfile.ZipFile(archive, "w") as handle:
-        for name in ["solution", "os_exit", "sys_exit"]:
+        for name in ["solution", "corrupt_file"]:
             folder = f"{name.replace('_', ' ')}_4{len(name)}_assignsubmission_file_"
-            handle.writestr(f"{folder}/lab01_sampling.ipynb", nbformat.writes(chosen[name].notebook))
-    results = {r.student: r for r in pipeline.grade("lab01_sampling", archive, tmp_path / "out", LIMITS,
-                                                    enforce_policy=False)}
-    solution, killed, exited = results["solution-48"], results["os-exit-47"], results["sys-exit-48"]
-    assert solution.score == solution.max_score > 0
-    assert killed.status == "failed" and killed.score == 0
-    lost = {test for test, score in exited.tests.items() if score == 0}
-    assert lost == chosen["sys_exit"].lost
+            fixture = chosen[name]
+            text = fixture.raw if fixture.notebook is None else nbformat.writes(fixture.notebook)
+            handle.writestr(f"{folder}/lab01_sampling.ipynb", text)
+    code = main(["grade", "lab01_sampling", str(archive), "--out", str(tmp_path / "out"), "--timeout", "20"])
+    assert code == 1
+    with open(tmp_path / "out" / "grades.csv") as handle:
+        rows = {row["student"]: row for row in csv.DictReader(handle)}
+    corrupt = rows["corrupt-file-412"]
+    assert corrupt["status"] == "needs review" and "not valid JSON" in corrupt["notes"]
+    assert float(rows["solution-48"]["score"]) == float(rows["solution-48"]["max_score"]) > 0
+
+
+def test_gradebook_module_names_the_labs():
+    assert gradebook.list_labs() == LABS

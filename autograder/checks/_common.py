@@ -23,10 +23,11 @@ class Fail(Exception):
 @dataclass
 class Check:
     """One graded test cell: `probe` (function name in the lab's probe module), `inputs` (built from a seeded
-    generator, so hidden cases change with every grading run), `judge` (raises Fail), `what` (for the student)."""
+    generator and the reference namespace, so hidden cases change with every grading run), `judge` (raises
+    Fail), `what` (one line for the student: what is checked)."""
 
     probe: str
-    inputs: Callable[[torch.Generator], dict]
+    inputs: Callable[[torch.Generator, dict], dict]
     judge: Callable[[dict, Any, dict], None]
     what: str
 
@@ -37,9 +38,9 @@ class Verdict:
     message: str
 
 
-def fixed(value: dict) -> Callable[[torch.Generator], dict]:
+def fixed(value: dict) -> Callable[[torch.Generator, dict], dict]:
     """Inputs that do not depend on the run's seed (the visible tests' own cases)."""
-    return lambda generator: value
+    return lambda generator, ref: value
 
 
 def decode(answer):

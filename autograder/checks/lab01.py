@@ -5,8 +5,21 @@ normalised, the bonus token missing or drawn from the wrong row, a histogram tha
 from __future__ import annotations
 
 import torch
-from autograder.checks._common import (Check, Fail, as_int, as_ints, as_tensor, chi_square_pvalue, distributions, fixed,
-                            histogram, require, require_close, show)
+
+from autograder.checks._common import (
+    Check,
+    Fail,
+    as_int,
+    as_ints,
+    as_tensor,
+    chi_square_pvalue,
+    distributions,
+    fixed,
+    histogram,
+    require,
+    require_close,
+    show,
+)
 
 P_VALUE = 1e-6  # an honest solution fails a statistical check with this probability (per check)
 
@@ -23,18 +36,18 @@ def judge_tensors(function: str, *arguments: str):
     return judge
 
 
-def process_cases(generator: torch.Generator) -> dict:
+def process_cases(generator: torch.Generator, ref: dict) -> dict:
     logits = torch.randn(3, 7, generator=generator)
     settings = [(0.5, None), (2.0, None), (1.0, 2), (0.7, 3), (0.0, None)]
     return {"cases": [{"logits": logits.tolist(), "temperature": t, "top_k": k} for t, k in settings]}
 
 
-def residual_cases(generator: torch.Generator) -> dict:
+def residual_cases(generator: torch.Generator, ref: dict) -> dict:
     p, q = distributions(2, 9, generator)
     return {"cases": [{"p": p.tolist(), "q": q.tolist()}, {"p": p.tolist(), "q": p.tolist()}]}
 
 
-def count_cases(generator: torch.Generator) -> dict:
+def count_cases(generator: torch.Generator, ref: dict) -> dict:
     p = torch.tensor([[0.2, 0.8], [0.9, 0.1], [0.5, 0.5]])
     q = torch.tensor([[0.8, 0.2], [0.1, 0.9], [0.5, 0.5]])
     cases = [  # p/q = 0.25 rejected by u = 0.5; a rejection at position 1 stops the count; p >= q always kept
@@ -60,7 +73,7 @@ def judge_counts(inputs: dict, answers: list, ref: dict) -> None:
                                  f"expected {expected} accepted, got {got}")
 
 
-def bonus_cases(generator: torch.Generator) -> dict:
+def bonus_cases(generator: torch.Generator, ref: dict) -> dict:
     cases = []
     for k in range(1, 5):
         draft = [(i + int(torch.randint(0, 6, (1,), generator=generator))) % 6 + 1 for i in range(k)]
@@ -82,7 +95,7 @@ REJECTION_P = [[0.4, 0.3, 0.3, 0.0], [0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 1.0]]
 REJECTION_Q = [[0.4, 0.3, 0.3, 0.0], [0.5, 0.0, 0.5, 0.0]]
 
 
-def rejection_inputs(generator: torch.Generator) -> dict:
+def rejection_inputs(generator: torch.Generator, ref: dict) -> dict:
     p0, q0 = distributions(2, 5, generator, sharpness=1.5)
     cases = [{"tokens": [2, 0], "p": REJECTION_P, "q": REJECTION_Q, "seed": s} for s in range(20)]
     return {"cases": cases, "first": {"p": p0.tolist(), "q": q0.tolist(), "n": 3000,
@@ -102,7 +115,7 @@ def judge_rejection(inputs: dict, answer: dict, ref: dict) -> None:
                               f"(chi-square p-value {pvalue:.1e}): p = {show(p)}, observed {show(counts / n)}")
 
 
-def histogram_cases(generator: torch.Generator) -> dict:
+def histogram_cases(generator: torch.Generator, ref: dict) -> dict:
     p, q = distributions(2, 6, generator)
     return {"cases": [{"p": p.tolist(), "q": q.tolist(), "n": 4000,
                        "seed": int(torch.randint(0, 2**31, (1,), generator=generator))}]}
@@ -158,7 +171,7 @@ CHECKS = {
         "verify_rejection", rejection_inputs, judge_rejection,
         "verify after a rejection, and the distribution of the first emitted token"),
     "test_histogram": Check(
-        "first_token_histogram", lambda generator: {"cases": [{
+        "first_token_histogram", lambda generator, ref: {"cases": [{
             "p": (pq := distributions(2, 6, torch.Generator().manual_seed(1)))[0].tolist(), "q": pq[1].tolist(),
             "n": 200, "seed": 0}]},
         judge_histogram_shape, "first_token_histogram's shape and total on the visible case"),

@@ -1,24 +1,38 @@
-"""Hidden checks of lab 2 (the decode loop): sampling the draft, temperature on both models, cache rollback,
-losslessness of a step, stopping at EOS, and the tokens-per-step formula."""
+"""Checks of lab 2 (the decode loop): drafting that samples from the q it reports, at the target's temperature;
+cache rollback; a step that is lossless even with a draft that differs from the target; EOS; the formulas.
+The trusted side recomputes every distribution from its own copy of the lab's models (the reference
+solution's setup), so nothing the student's kernel did to its models changes what is expected."""
 
 from __future__ import annotations
 
 import torch
-from checks._common import close, require, total_variation
 
-CONTEXT = [9, 30, 2, 51, 14, 33]
+from autograder.checks._common import (
+    Check,
+    Fail,
+    as_float,
+    as_int,
+    as_ints,
+    as_tensor,
+    chi_square_pvalue,
+    decode,
+    fixed,
+    histogram,
+    isclose,
+    require,
+    require_close,
+    show,
+)
+
+P_VALUE = 1e-6
+PROMPT = [5, 17, 42, 8, 23, 61, 3]  # the lab's own prompt (visible tests)
+VOCAB = 64
 
 
 def full_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits of `model` at every position of `tokens`, without any cache (the ground truth)."""
     with torch.no_grad():
-        return model(input_ids=torch.tensor([tokens])).logits[0].float()
-
-
-def bucketed(dist: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """`dist` restricted to the tokens `top` plus one bucket for the rest (a test with few samples)."""
-    kept = dist[top]
-    return torch.cat([kept, (1 - kept.sum()).reshape(1)])
+        return model(input_ids=torch.tensor([tokens])).logits[0].double()
 
 
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
@@ -28,79 +42,177 @@ def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     return tokens[len(prompt):]
 
 
-def draft_sampling_hidden(draft, draft_model, cache_class) -> None:
-    """The drafted token is sampled from the q it reports (not taken greedily)."""
-    temperature, n = 1.5, 300
-    counts = torch.zeros(draft_model.config.vocab_size)
-    q0 = None
-    for seed in range(n):
-        tokens, q = draft(draft_model, cache_class(config=draft_model.config), list(CONTEXT), 1, temperature,
-                          torch.Generator().manual_seed(seed))
-        q0 = q[0].float() if q0 is None else q0
-        counts[tokens[0]] += 1
-    top = q0.topk(4).indices
-    distance = total_variation(bucketed(counts / n, top), bucketed(q0, top))
-    require(distance < 0.12, f"at temperature {temperature}, the drafted tokens are not distributed as the q "
-                             f"returned with them (total variation {distance:.2f} over {n} drafts)")
+def random_context(generator: torch.Generator, length: int = 6) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=generator).tolist()
 
 
-def draft_temperature_hidden(draft, draft_model, cache_class) -> None:
-    """Each q row is the draft's distribution at the same temperature as the target's, at the right position."""
-    temperature, k = 0.5, 3
-    tokens, q = draft(draft_model, cache_class(config=draft_model.config), list(CONTEXT), k, temperature,
-                      torch.Generator().manual_seed(0))
-    logits = full_logits(draft_model, CONTEXT + tokens[:-1])[-k:]
-    expected = torch.softmax(logits / temperature, dim=-1)
-    require(close(q, expected, atol=1e-4), f"at temperature {temperature} the q rows are not softmax(draft "
-                                           "logits / temperature) at the drafted positions")
+def seed_of(generator: torch.Generator) -> int:
+    return int(torch.randint(0, 2**30, (1,), generator=generator))
 
 
-def step_cache_hidden(speculative_step, start) -> None:
-    """After every step both caches hold exactly what the invariants say, and greedy output is unchanged."""
-    dec = start(list(CONTEXT), 0.0, 0)
-    for step in range(8):
-        speculative_step(dec, 3)
-        length = len(dec.tokens)
-        require(dec.target_cache.get_seq_length() == length - 1,
-                f"after step {step + 1} the target cache holds {dec.target_cache.get_seq_length()} positions "
-                f"but the decoder has {length} tokens (it must hold all but the last)")
-        require(dec.draft_cache.get_seq_length() <= length,
-                f"after step {step + 1} the draft cache holds rejected tokens")
-    new = dec.tokens[len(CONTEXT):]
-    require(new == greedy_reference(dec.target, CONTEXT, len(new)),
-            "at temperature 0 the emitted tokens differ from plain greedy decoding of the target")
+def judge_draft_visible(inputs: dict, answers: list, ref: dict) -> None:
+    case, got = inputs["cases"][0], decode(answers[0])
+    tokens, q = as_ints(got["tokens"]), as_tensor(got["q"], (case["k"], VOCAB))
+    require(len(tokens) == case["k"], f"draft(k={case['k']}) should return {case['k']} tokens, got {tokens}")
+    expected_cache = len(case["context"]) + case["k"] - 1
+    require(got["cache"] == expected_cache, f"after drafting {case['k']} tokens after {len(case['context'])} pending "
+                                            f"ones the cache should hold {expected_cache} positions, it holds "
+                                            f"{got['cache']}")
+    require(all(float(q[i, t]) == 1 for i, t in enumerate(tokens)),
+            f"at temperature 0, q should be one-hot at each drafted token; drafted {tokens}, q puts "
+            f"{show([float(q[i, t]) for i, t in enumerate(tokens)])} on them")
 
 
-def step_lossless_hidden(speculative_step, start, target) -> None:
-    """At temperature 0.5 the first token a step emits is distributed as the target's p at temperature 0.5."""
-    temperature, n = 0.5, 300
-    counts = torch.zeros(target.config.vocab_size)
-    context = None
-    for seed in range(n):
-        dec = start(list(CONTEXT), 0.0, seed)  # greedy first token: every run starts from the same context
-        dec.temperature = temperature
-        context = list(dec.tokens)
-        counts[speculative_step(dec, 2)[0]] += 1
-    p = torch.softmax(full_logits(target, context)[-1] / temperature, dim=-1)
-    top = p.topk(4).indices
-    distance = total_variation(bucketed(counts / n, top), bucketed(p, top))
-    require(distance < 0.12, f"the first token of a step is not distributed as the target at temperature "
-                             f"{temperature} (total variation {distance:.2f} over {n} steps)")
+def sampling_inputs(generator: torch.Generator, ref: dict) -> dict:
+    return {"context": random_context(generator), "temperature": 1.5, "n": 400, "seed": seed_of(generator)}
 
 
-def generate_eos_hidden(generate, target) -> None:
-    """Exactly max_new_tokens tokens, and nothing after EOS."""
-    reference = greedy_reference(target, CONTEXT, 24)
-    new, _ = generate(list(CONTEXT), 9, k=4)
-    require(list(new) == reference[:9], "generate(max_new_tokens=9) did not return the first 9 greedy tokens")
-    # EOS = the last token of the reference that appears there for the first time (random models repeat).
-    stop = max(i for i in range(24) if reference[i] not in reference[:i])
-    new, _ = generate(list(CONTEXT), 24, k=4, eos=reference[stop])
-    require(list(new) == reference[: stop + 1], "with an EOS token the output must stop right after it")
+def judge_sampling(inputs: dict, answer: dict, ref: dict) -> None:
+    t = inputs["temperature"]
+    q = torch.softmax(full_logits(ref["draft_model"], inputs["context"])[-1] / t, dim=-1)
+    require_close(answer["q"], q, f"the q reported at temperature {t} (softmax of the draft's logits / {t})",
+                  atol=1e-4)
+    counts = histogram(as_ints(answer["tokens"]), VOCAB)
+    pvalue = chi_square_pvalue(counts, q)
+    require(pvalue > P_VALUE, f"over {inputs['n']} one-token drafts at temperature {t}, the drafted tokens are not "
+                              f"distributed as the draft's q (chi-square p-value {pvalue:.1e}): the token must be "
+                              "sampled from the q you return")
 
 
-def formulas_hidden(expected_tokens_per_step, expected_speedup) -> None:
-    """The bonus token counts, alpha = 1 is handled, and the cost model is k * c + 1."""
-    require(abs(expected_tokens_per_step(0.5, 3) - 1.875) < 1e-6, "expected tokens per step at alpha=0.5, k=3")
-    require(abs(expected_tokens_per_step(1.0, 4) - 5.0) < 1e-6, "expected tokens per step at alpha=1, k=4")
-    require(abs(expected_speedup(0.8, 4, 0.1) - (1 - 0.8**5) / 0.2 / 1.4) < 1e-6, "expected speedup")
+def temperature_inputs(generator: torch.Generator, ref: dict) -> dict:
+    return {"cases": [{"context": random_context(generator), "k": 3, "temperature": 0.5,
+                       "seed": seed_of(generator)}]}
+
+
+def judge_temperature(inputs: dict, answers: list, ref: dict) -> None:
+    case, got = inputs["cases"][0], decode(answers[0])
+    tokens, k, t = as_ints(got["tokens"]), case["k"], case["temperature"]
+    require(len(tokens) == k, f"draft(k={k}) should return {k} tokens, got {tokens}")
+    logits = full_logits(ref["draft_model"], case["context"] + tokens[:-1])[-k:]
+    require_close(got["q"], torch.softmax(logits / t, dim=-1),
+                  f"the q rows at temperature {t} (softmax of the draft's logits / {t} at each drafted position)",
+                  atol=1e-4)
+
+
+def judge_step_visible(inputs: dict, answer: dict, ref: dict) -> None:
+    last = answer["steps"][-1]
+    emitted, tokens = as_ints(last["emitted"]), as_ints(last["tokens"])
+    require(1 <= len(emitted) <= inputs["k"] + 1, f"one step with k={inputs['k']} emits 1 to {inputs['k'] + 1} "
+                                                  f"tokens, got {emitted}")
+    require(tokens[-len(emitted):] == emitted, f"dec.tokens should end with the emitted tokens {emitted}, it ends "
+                                               f"with {tokens[-len(emitted):]}")
+    require(last["target_cache"] == len(tokens) - 1, f"after a step the target cache should hold all tokens but "
+                                                     f"the last ({len(tokens) - 1}), it holds {last['target_cache']}")
+
+
+def step_inputs(generator: torch.Generator, ref: dict) -> dict:
+    return {"context": random_context(generator), "temperature": 0.0, "seed": 0, "steps": 8, "k": 3}
+
+
+def judge_step_cache(inputs: dict, answer: dict, ref: dict) -> None:
+    for number, after in enumerate(answer["steps"], start=1):
+        length = len(as_ints(after["tokens"]))
+        require(after["target_cache"] == length - 1, f"after step {number} the target cache holds "
+                                                     f"{after['target_cache']} positions but the decoder has {length} "
+                                                     "tokens (it must hold all but the last)")
+        require(as_int(after["draft_cache"]) <= length, f"after step {number} the draft cache holds "
+                                                        f"{after['draft_cache']} positions, more than the {length} "
+                                                        "tokens: it kept rejected tokens")
+    new = as_ints(answer["steps"][-1]["tokens"])[len(inputs["context"]):]
+    expected = greedy_reference(ref["target"], inputs["context"], len(new))
+    require(new == expected, f"at temperature 0, after {inputs['steps']} steps the tokens should be plain greedy "
+                             f"decoding of the target {expected}, got {new}")
+
+
+def lossless_inputs(generator: torch.Generator, ref: dict) -> dict:
+    return {"context": random_context(generator), "temperature": 0.5, "n": 400, "k": 2, "seed": seed_of(generator),
+            "draft_seed": 1000 + seed_of(generator) % 10_000, "draft_sharpness": 4.0}
+
+
+def judge_lossless(inputs: dict, answer: dict, ref: dict) -> None:
+    target, t = ref["target"], inputs["temperature"]
+    first = int(full_logits(target, inputs["context"])[-1].argmax())
+    p = torch.softmax(full_logits(target, inputs["context"] + [first])[-1] / t, dim=-1)
+    counts = histogram(as_ints(answer["tokens"]), VOCAB)
+    pvalue = chi_square_pvalue(counts, p)
+    if pvalue <= P_VALUE:
+        raise Fail(f"with a draft model that differs from the target, the first token of a step at temperature {t} "
+                   f"is not distributed as the target's p over {inputs['n']} steps (chi-square p-value "
+                   f"{pvalue:.1e}): verification must compare the target's p with the draft's q")
+
+
+def eos_inputs(generator: torch.Generator, ref: dict) -> dict:
+    context = random_context(generator)
+    reference = greedy_reference(ref["target"], context, 24)
+    stop = max(i for i in range(24) if reference[i] not in reference[:i])  # the last first-appearance
+    return {"reference": reference, "stop": stop, "cases": [
+        {"prompt": context, "max_new_tokens": 9, "k": 4},
+        {"prompt": context, "max_new_tokens": 24, "k": 4, "eos": reference[stop]}]}
+
+
+def judge_eos(inputs: dict, answers: list, ref: dict) -> None:
+    reference, stop = inputs["reference"], inputs["stop"]
+    plain_run, eos_run = (decode(a) for a in answers)
+    require(isinstance(plain_run, list) and len(plain_run) == 2, f"generate should return (tokens, forwards), got "
+                                                                 f"{show(plain_run)}")
+    new = as_ints(plain_run[0])
+    require(new == reference[:9], f"generate(max_new_tokens=9) should return the first 9 greedy tokens "
+                                  f"{reference[:9]}, got {new}")
+    new = as_ints(eos_run[0])
+    require(new == reference[: stop + 1], f"with eos={reference[stop]} the output should stop right after it: "
+                                          f"expected {reference[: stop + 1]}, got {new}")
+
+
+def judge_generate_visible(inputs: dict, answers: list, ref: dict) -> None:
+    got = decode(answers[0])
+    require(isinstance(got, list) and len(got) == 2, f"generate should return (tokens, forwards), got {show(got)}")
+    new, forwards = as_ints(got[0]), as_int(got[1])
+    require(len(new) == 12, f"generate(max_new_tokens=12) should return 12 tokens, got {len(new)}")
+    require(1 <= forwards <= 12, f"12 tokens take 1 to 12 target forwards, got {forwards}")
+
+
+def formula_inputs(generator: torch.Generator, ref: dict) -> dict:
+    cases = [{"alpha": 0.5, "k": 3, "c": 0.1}, {"alpha": 1.0, "k": 4, "c": 0.1}, {"alpha": 0.8, "k": 4, "c": 0.1}]
+    for _ in range(3):
+        cases.append({"alpha": round(float(torch.rand(1, generator=generator)) * 0.9 + 0.05, 3),
+                      "k": int(torch.randint(1, 9, (1,), generator=generator)),
+                      "c": round(float(torch.rand(1, generator=generator)) * 0.5, 3)})
+    return {"cases": cases}
+
+
+def judge_formulas(inputs: dict, answer: dict, ref: dict) -> None:
+    for case, tokens, speedup in zip(inputs["cases"], answer["tokens"], answer["speedup"], strict=True):
+        a, k, c = case["alpha"], case["k"], case["c"]
+        expected = ref["expected_tokens_per_step"](a, k)
+        got = as_float(tokens)
+        require(isclose(got, expected), f"expected_tokens_per_step(alpha={a}, k={k}): expected {expected:.6g}, "
+                                        f"got {got:.6g}")
+        expected = ref["expected_speedup"](a, k, c)
+        got = as_float(speedup)
+        require(isclose(got, expected), f"expected_speedup(alpha={a}, k={k}, c={c}): expected {expected:.6g}, "
+                                        f"got {got:.6g}")
+
+
+CHECKS = {
+    "test_draft": Check("draft", fixed({"cases": [{"context": PROMPT, "k": 4, "temperature": 0.0, "seed": 0}]}),
+                        judge_draft_visible, "draft on the visible case (k = 4, temperature 0)"),
+    "test_draft_sampling_hidden": Check("draft_samples", sampling_inputs, judge_sampling,
+                                        "draft samples its token from the q it returns (temperature 1.5)"),
+    "test_draft_temperature_hidden": Check("draft", temperature_inputs, judge_temperature,
+                                           "draft's q rows at temperature 0.5"),
+    "test_step": Check("step", fixed({"context": PROMPT, "temperature": 0.0, "seed": 0, "steps": 1, "k": 3}),
+                       judge_step_visible, "speculative_step on the visible case"),
+    "test_step_cache_hidden": Check("step", step_inputs, judge_step_cache,
+                                    "both caches after each of 8 steps, and the greedy output"),
+    "test_step_lossless_hidden": Check("first_tokens", lossless_inputs, judge_lossless,
+                                       "a step samples the target's distribution (temperature 0.5, a different "
+                                       "draft model)"),
+    "test_generate": Check("generate", fixed({"cases": [{"prompt": PROMPT, "max_new_tokens": 12, "k": 3}]}),
+                           judge_generate_visible, "generate on the visible case"),
+    "test_generate_eos_hidden": Check("generate", eos_inputs, judge_eos,
+                                      "generate returns exactly max_new_tokens tokens and stops after EOS"),
+    "test_formulas": Check("formulas", fixed({"cases": [{"alpha": 0.0, "k": 4, "c": 0.0}]}), judge_formulas,
+                           "the formulas at alpha = 0"),
+    "test_formulas_hidden": Check("formulas", formula_inputs, judge_formulas,
+                                  "the formulas at alpha = 1, the bonus token, and random settings"),
+}

@@ -197,3 +197,24 @@ def read_json(folder: Path, path: Path, max_bytes: int):
         return None if text is None else json.loads(text)
     except (ValueError, RecursionError):
         return None
+
+
+def overhead_seconds(repeats: int = 5) -> float:
+    """Median extra seconds that starting Python inside a sandbox costs over starting it directly."""
+    import statistics
+    import tempfile
+
+    def timed(cmd: list[str]) -> float:
+        started = time.monotonic()
+        subprocess.run(cmd, check=True, capture_output=True)
+        return time.monotonic() - started
+
+    with tempfile.TemporaryDirectory(prefix="specdec-overhead-") as tmp:
+        folder = Path(tmp) / "sandbox"
+        folder.mkdir()
+        os.chown(folder, FIRST_UID, FIRST_UID)
+        inside = command(folder, Limits(), 0, hidden_paths([Path(tmp)]))
+        inside[-2:] = ["-c", "import torch"]
+        direct = [sys.executable, "-c", "import torch"]
+        gaps = [timed(inside) - timed(direct) for _ in range(repeats)]
+    return statistics.median(gaps)

@@ -1,0 +1,72 @@
+"""Probes of lab 2 (the decode loop). They drive the student's functions with the lab's own models and report
+tokens, distributions and cache lengths as plain data; nothing here judges."""
+
+from __future__ import annotations
+
+import torch
+from specdec_probe import call, get, plain
+
+
+def draft(ns: dict, inputs: dict) -> list:
+    f, model, cache_class = get(ns, "draft"), get(ns, "draft_model"), get(ns, "DynamicCache")
+
+    def one(case: dict) -> dict:
+        cache = cache_class(config=model.config)
+        tokens, q = f(model, cache, list(case["context"]), case["k"], case["temperature"],
+                      torch.Generator().manual_seed(case["seed"]))
+        return {"tokens": plain(tokens), "q": plain(q), "cache": cache.get_seq_length()}
+
+    return [call(one, case) for case in inputs["cases"]]
+
+
+def draft_samples(ns: dict, inputs: dict) -> dict:
+    """The first drafted token of many one-token drafts (one seed each), and the q row reported the first time."""
+    f, model, cache_class = get(ns, "draft"), get(ns, "draft_model"), get(ns, "DynamicCache")
+    tokens, first_q = [], None
+    for seed in range(inputs["n"]):
+        drafted, q = f(model, cache_class(config=model.config), list(inputs["context"]), 1, inputs["temperature"],
+                       torch.Generator().manual_seed(inputs["seed"] + seed))
+        tokens.append(int(list(drafted)[0]))
+        first_q = q[0] if first_q is None else first_q
+    return {"tokens": tokens, "q": plain(first_q)}
+
+
+def step(ns: dict, inputs: dict) -> dict:
+    """`steps` speculative steps from `start(context)`: tokens and both caches' lengths after each."""
+    start, speculative_step = get(ns, "start"), get(ns, "speculative_step")
+    dec = start(list(inputs["context"]), inputs["temperature"], inputs["seed"])
+    after = []
+    for _ in range(inputs["steps"]):
+        emitted = speculative_step(dec, inputs["k"])
+        after.append({"emitted": plain(emitted), "tokens": plain(dec.tokens),
+                      "target_cache": dec.target_cache.get_seq_length(),
+                      "draft_cache": dec.draft_cache.get_seq_length()})
+    return {"steps": after}
+
+
+def first_tokens(ns: dict, inputs: dict) -> dict:
+    """The first token of one step after a greedy start, over many seeds, with a draft model that differs from
+    the target (a seeded random Llama of the lab's own shape)."""
+    start, speculative_step = get(ns, "start"), get(ns, "speculative_step")
+    tiny_llama, cache_class = get(ns, "tiny_llama"), get(ns, "DynamicCache")
+    other = tiny_llama(seed=inputs["draft_seed"], hidden=48, layers=2)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(inputs["draft_sharpness"])
+    tokens = []
+    for seed in range(inputs["n"]):
+        dec = start(list(inputs["context"]), 0.0, inputs["seed"] + seed)
+        dec.draft, dec.draft_cache, dec.temperature = other, cache_class(config=other.config), inputs["temperature"]
+        tokens.append(int(list(speculative_step(dec, inputs["k"]))[0]))
+    return {"tokens": tokens}
+
+
+def generate(ns: dict, inputs: dict) -> list:
+    f = get(ns, "generate")
+    return [call(f, list(c["prompt"]), c["max_new_tokens"], k=c["k"], **({"eos": c["eos"]} if "eos" in c else {}))
+            for c in inputs["cases"]]
+
+
+def formulas(ns: dict, inputs: dict) -> dict:
+    tokens, speedup = get(ns, "expected_tokens_per_step"), get(ns, "expected_speedup")
+    return {"tokens": [call(tokens, c["alpha"], c["k"]) for c in inputs["cases"]],
+            "speedup": [call(speedup, c["alpha"], c["k"], c["c"]) for c in inputs["cases"]]}
