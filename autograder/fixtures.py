@@ -132,7 +132,7 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
     attack("imports_reference", spec.reference_import)
     attack("reads_solutions", sources.READ_SOLUTIONS.format(lab=lab, name=target))
     attack("interpreter_tricks", sources.INTERPRETER_TRICKS + blank_stub)
-    attack("patches_probes", sources.PATCH_PROBES + blank_stub)
+    attack("patches_probes", sources.PATCH_PROBES + blank_stub, exact=False)  # it garbles its other answers too
     attack("monkeypatch_module", "torch.allclose = lambda *args, **kwargs: True\n"
                                  "torch.equal = lambda *args, **kwargs: True\n" + blank_stub)
     attack("lying_objects", sources.LIAR + f"\n\ndef {target}(*args, **kwargs):\n    return Liar()\n")

@@ -212,7 +212,6 @@ class Job:
     limits: Limits
     seed: int
     workdir: Path
-    hidden: list[Path]
     slots: queue.Queue
 
 
@@ -239,7 +238,7 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
     slot = job.slots.get()
     try:
         sandbox.prepare(folder, job.lab, assembled.notebook, probes, job.limits, slot)
-        run = sandbox.run(folder, job.limits, slot, job.hidden)
+        run = sandbox.run(folder, job.limits, slot)
     finally:
         job.slots.put(slot)
     result.seconds = run.seconds
@@ -317,8 +316,7 @@ def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, force
         slots: queue.Queue = queue.Queue()
         for slot in range(workers):
             slots.put(slot)
-        hidden = sandbox.hidden_paths([REPO, workdir, Path(source).resolve(), out.resolve().parent])
-        job = Job(lab, release_nb, points, limits, seed, workdir, hidden, slots)
+        job = Job(lab, release_nb, points, limits, seed, workdir, slots)
         reference(lab)  # once, before the threads start
         with ThreadPoolExecutor(max_workers=workers) as pool:
             graded = list(pool.map(lambda sub: safe_grade_one(job, sub), submissions))

@@ -1,9 +1,10 @@
 """The sandbox runner: executes one student's notebook in bubblewrap, as an unprivileged user, without network.
 
-Inside the sandbox the student's kernel sees a read-only system with the Python environment, a private
-working folder holding only the notebook, the runner and the lab's probes (sandbox/inside/), and an empty
-/tmp. The repository (solutions/, the checks, this code), the grading folder with the gradebook, the
-submissions and every home folder are hidden. Limits: wall time (the whole notebook), per-cell time (the
+Inside the sandbox the student's kernel sees the system folders (/usr, /etc, ...) and the Python environment,
+read-only, a private working folder holding only the notebook, the runner and the lab's probes
+(sandbox/inside/), and an empty /tmp; nothing else exists there. The repository (solutions/, the checks, this
+code) and any copy of it, the grading folder with the gradebook, the submissions and every home folder are
+absent. Limits: wall time (the whole notebook), per-cell time (the
 runner), address space, CPU seconds, processes (a user id of its own per concurrent sandbox, so a fork bomb
 exhausts only its own quota) and file size. Killing anything inside reaches nothing outside: the sandbox has
 its own process namespace.
@@ -71,33 +72,34 @@ def available() -> None:
                                  "own (run the grade command with sudo)")
 
 
-def hidden_paths(extra: list[Path]) -> list[Path]:
-    """Folders replaced by empty ones inside the sandbox: temporary and home folders, plus `extra` (the
-    repository, the grading folder, the submissions)."""
-    candidates = [Path("/tmp"), Path("/var/tmp"), Path("/root"), Path("/home"), Path("/run"), Path("/srv"),
-                  Path("/mnt"), Path("/media"), *extra]
-    return [p for p in dict.fromkeys(c.resolve() for c in candidates) if p.is_dir()]
+SYSTEM = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys"]
 
 
 def python_roots() -> list[Path]:
     """The folders the sandbox's Python needs: the environment and the interpreter it was made from."""
     roots = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
              Path(os.path.realpath(sys.executable)).parent.parent}
-    return sorted(roots)
+    return sorted(r for r in roots if not any(r.is_relative_to(s) and r != s for s in map(Path, SYSTEM)))
 
 
-def mount_args(hidden: list[Path]) -> list[str]:
-    """bwrap arguments: read-only system, hidden folders emptied, the Python environment put back."""
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for path in hidden:
-        args += ["--perms", "1777", "--tmpfs", str(path)] if str(path) == "/tmp" else ["--tmpfs", str(path)]
+def mount_args() -> list[str]:
+    """bwrap arguments for the sandbox's file system: the system folders and the Python environment, read-only,
+    and nothing else (no /home, /root, /work, /srv, /var, /mnt: no repository copy, no submissions, no
+    gradebook), plus a private /tmp, /dev and /proc."""
+    args = []
+    for path in SYSTEM:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    made: set[Path] = set()
     for root in python_roots():
-        if any(root.is_relative_to(h) for h in hidden):
-            for parent in reversed(root.parents):
-                if any(parent.is_relative_to(h) and parent != h for h in hidden):
-                    args += ["--perms", "0755", "--dir", str(parent)]
-            args += ["--ro-bind", str(root), str(root)]
-    return args
+        for parent in reversed(root.parents):
+            if parent != Path("/") and parent not in made and not any(parent.is_relative_to(s) for s in SYSTEM):
+                args += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        args += ["--ro-bind", str(root), str(root)]
+    return args + ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
 
 
 def environment(limits: Limits) -> dict[str, str]:
@@ -136,9 +138,9 @@ def prepare(folder: Path, lab: str, notebook, probes: dict[int, list[dict]], lim
         os.chown(path, uid, uid, follow_symlinks=False)
 
 
-def command(folder: Path, limits: Limits, slot: int, hidden: list[Path]) -> list[str]:
+def command(folder: Path, limits: Limits, slot: int) -> list[str]:
     uid = str(FIRST_UID + slot)
-    bwrap = ["bwrap", *mount_args(hidden), "--bind", str(folder), MOUNT, "--chdir", MOUNT,
+    bwrap = ["bwrap", *mount_args(), "--bind", str(folder), MOUNT, "--chdir", MOUNT,
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in environment(limits).items():
@@ -150,10 +152,10 @@ def command(folder: Path, limits: Limits, slot: int, hidden: list[Path]) -> list
     return [*bwrap, "--", *limit, "--", *drop, sys.executable, f"{MOUNT}/grader/runner.py", f"{MOUNT}/job.json"]
 
 
-def run(folder: Path, limits: Limits, slot: int, hidden: list[Path]) -> Run:
+def run(folder: Path, limits: Limits, slot: int) -> Run:
     """Run the prepared sandbox in `folder`; never raises for anything the notebook does."""
     started = time.monotonic()
-    process = subprocess.Popen(command(folder, limits, slot, hidden), stdout=subprocess.PIPE,
+    process = subprocess.Popen(command(folder, limits, slot), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, start_new_session=True)
     problem = None
     try:
@@ -213,7 +215,7 @@ def overhead_seconds(repeats: int = 5) -> float:
         folder = Path(tmp) / "sandbox"
         folder.mkdir()
         os.chown(folder, FIRST_UID, FIRST_UID)
-        inside = command(folder, Limits(), 0, hidden_paths([Path(tmp)]))
+        inside = command(folder, Limits(), 0)
         inside[-2:] = ["-c", "import torch"]
         direct = [sys.executable, "-c", "import torch"]
         gaps = [timed(inside) - timed(direct) for _ in range(repeats)]
