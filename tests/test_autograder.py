@@ -3,7 +3,8 @@ feedback), the lenient assembly of submitted files, the lab rules as warnings, a
 
 The end-to-end tests are slow (every notebook runs in its own sandboxed kernel): each lab's fixtures are graded
 in ONE batch, which is also what shows that no submission changes anyone else's grade. Attacks on the kernel
-itself (loops, exits, floods, bombs, killing processes) do not depend on the lab, so they run in lab 1's batch.
+itself (loops, exits, floods, bombs, killing processes, reading the disk, patching the probes) do not depend
+on the lab, so they run in lab 1's batch.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from autograder import assemble, fixtures, gradebook, pipeline
 from specdec_lab import lab_rules
 
 LIMITS = pipeline.Limits(cell_timeout=20, memory_bytes=3 << 30, cpu_seconds=300)
-KERNEL_ATTACKS = {"infinite_loop", "sys_exit", "raise_system_exit", "os_exit", "stdout_flood", "memory_bomb",
-                  "fork_bomb", "kills_grader"}
+# Attacks that do not depend on the lab run in lab 1's batch only (they take the most time).
+LAB_INDEPENDENT_ATTACKS = {"infinite_loop", "sys_exit", "raise_system_exit", "os_exit", "stdout_flood",
+                           "memory_bomb", "fork_bomb", "kills_grader", "reads_solutions", "interpreter_tricks",
+                           "patches_probes", "monkeypatch_module", "writes_gradebook"}
 LABS = pipeline.list_labs()
 
 
@@ -157,7 +160,7 @@ def chosen_fixtures(lab: str) -> list[fixtures.Fixture]:
     every = fixtures.fixtures(lab, release_of(lab))
     if lab == "lab01_sampling":
         return every
-    return [f for f in every if f.name not in KERNEL_ATTACKS]
+    return [f for f in every if f.name not in LAB_INDEPENDENT_ATTACKS]
 
 
 @pytest.mark.grading

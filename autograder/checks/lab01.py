@@ -138,43 +138,66 @@ def judge_histogram(inputs: dict, answers: list, ref: dict) -> None:
                        f"{pvalue:.1e}): p = {show(p)}, observed {show(counts / case['n'])}")
 
 
+def judge_expected_lists(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        got = as_ints(answer)
+        require(got == case["expected"], f"verify(draft={case['tokens']}, p={show(case['p'])}, q={show(case['q'])}): "
+                                         f"expected {case['expected']}, got {got}")
+
+
+def judge_histogram_visible(inputs: dict, answers: list, ref: dict) -> None:
+    judge_histogram_shape(inputs, answers, ref)
+    case = inputs["cases"][0]
+    counts, p = as_tensor(answers[0]), torch.tensor(case["p"])
+    distance = float((counts / case["n"] - p).abs().sum() / 2)
+    require(distance < 0.06, f"the histogram should approach p: total variation {distance:.3f} from p (expected "
+                             "< 0.06)")
+
+
+LOGITS = [1.0, 3.0, 2.0, 0.5]
+VISIBLE_P, VISIBLE_Q = (distributions(2, 6, torch.Generator().manual_seed(1))).tolist()
+ONE_HOT = torch.eye(3)[[2, 1, 0]].tolist()
+
 CHECKS = {
     "test_process_logits": Check(
-        "process_logits", fixed({"cases": [{"logits": [1.0, 3.0, 2.0, 0.5], "temperature": 1.0, "top_k": None},
-                                           {"logits": [1.0, 3.0, 2.0, 0.5], "temperature": 0.0, "top_k": None}]}),
+        "process_logits", fixed({"cases": [{"logits": LOGITS, "temperature": t, "top_k": k}
+                                           for t, k in [(1.0, None), (0.0, None), (2.0, None), (1.0, 2)]]}),
         judge_tensors("process_logits", "logits", "temperature", "top_k"), "process_logits on the visible cases"),
     "test_process_logits_hidden": Check(
         "process_logits", process_cases, judge_tensors("process_logits", "logits", "temperature", "top_k"),
         "process_logits on random (3, 7) logits at five temperature / top-k settings"),
     "test_residual": Check(
-        "residual", fixed({"cases": [{"p": [0.5, 0.3, 0.2], "q": [0.2, 0.3, 0.5]}]}),
-        judge_tensors("residual", "p", "q"), "residual on the visible case"),
+        "residual", fixed({"cases": [{"p": [0.5, 0.3, 0.2], "q": [0.2, 0.3, 0.5]},
+                                     {"p": [0.5, 0.3, 0.2], "q": [0.5, 0.3, 0.2]}]}),
+        judge_tensors("residual", "p", "q"), "residual on the visible cases"),
     "test_residual_hidden": Check(
         "residual", residual_cases, judge_tensors("residual", "p", "q"),
         "residual of random distributions over 9 tokens, and residual(p, p)"),
     "test_accepted_count": Check(
-        "accepted_count", fixed({"cases": [{"tokens": [0, 1], "p": [[0.9, 0.1], [0.5, 0.5]],
-                                            "q": [[0.9, 0.1], [0.5, 0.5]], "u": [0.99, 0.99]}]}),
-        judge_counts, "accepted_count on the visible case"),
+        "accepted_count", fixed({"cases": [
+            {"tokens": [0, 1], "p": [[0.9, 0.1], [0.5, 0.5]], "q": [[0.9, 0.1], [0.5, 0.5]], "u": [0.99, 0.99]},
+            {"tokens": [0, 0], "p": [[0.2, 0.8], [0.9, 0.1]], "q": [[0.8, 0.2], [0.1, 0.9]], "u": [0.5, 0.5]},
+            {"tokens": [1, 1], "p": [[0.2, 0.8], [0.9, 0.1]], "q": [[0.8, 0.2], [0.1, 0.9]], "u": [0.9, 0.5]}]}),
+        judge_counts, "accepted_count on the visible cases"),
     "test_accepted_count_hidden": Check(
         "accepted_count", count_cases, judge_counts,
         "accepted_count on hand-made and random drafts (ratio p/q, first rejection)"),
     "test_verify": Check(
-        "verify", fixed({"cases": [{"tokens": [1], "p": [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]], "q": [[0.5, 0.5, 0.0]],
-                                    "seed": 0}]}),
-        lambda inputs, answers, ref: require((got := as_ints(answers[0])) == [1, 2],
-                                             f"a one-token draft the target accepts: expected [1, 2], got {got}"),
-        "verify on the visible case"),
+        "verify", fixed({"cases": [
+            {"tokens": [1], "p": [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]], "q": [[0.5, 0.5, 0.0]], "seed": 0,
+             "expected": [1, 2]},
+            {"tokens": [0], "p": [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], "q": [[1.0, 0.0, 0.0]], "seed": 0,
+             "expected": [1]},
+            {"tokens": [2, 1], "p": ONE_HOT, "q": ONE_HOT[:2], "seed": 0, "expected": [2, 1, 0]}]}),
+        judge_expected_lists, "verify on the visible cases"),
     "test_verify_bonus_hidden": Check("verify", bonus_cases, judge_bonus,
                                       "verify when every drafted token is accepted (k = 1 to 4)"),
     "test_verify_rejection_hidden": Check(
         "verify_rejection", rejection_inputs, judge_rejection,
         "verify after a rejection, and the distribution of the first emitted token"),
     "test_histogram": Check(
-        "first_token_histogram", lambda generator, ref: {"cases": [{
-            "p": (pq := distributions(2, 6, torch.Generator().manual_seed(1)))[0].tolist(), "q": pq[1].tolist(),
-            "n": 200, "seed": 0}]},
-        judge_histogram_shape, "first_token_histogram's shape and total on the visible case"),
+        "first_token_histogram", fixed({"cases": [{"p": VISIBLE_P, "q": VISIBLE_Q, "n": 3000, "seed": 0}]}),
+        judge_histogram_visible, "first_token_histogram on the visible case (3000 draws approach p)"),
     "test_histogram_hidden": Check("first_token_histogram", histogram_cases, judge_histogram,
                                    "first_token_histogram converges to p (4000 draws, random p and q)"),
 }

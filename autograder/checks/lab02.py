@@ -52,8 +52,10 @@ def seed_of(generator: torch.Generator) -> int:
 
 def judge_draft_visible(inputs: dict, answers: list, ref: dict) -> None:
     case, got = inputs["cases"][0], decode(answers[0])
-    tokens, q = as_ints(got["tokens"]), as_tensor(got["q"], (case["k"], VOCAB))
-    require(len(tokens) == case["k"], f"draft(k={case['k']}) should return {case['k']} tokens, got {tokens}")
+    tokens = as_ints(got["tokens"])
+    expected = greedy_reference(ref["draft_model"], case["context"], case["k"])
+    require(tokens == expected, f"at temperature 0 the draft is greedy: expected {expected}, got {tokens}")
+    q = as_tensor(got["q"], (case["k"], VOCAB))
     expected_cache = len(case["context"]) + case["k"] - 1
     require(got["cache"] == expected_cache, f"after drafting {case['k']} tokens after {len(case['context'])} pending "
                                             f"ones the cache should hold {expected_cache} positions, it holds "
@@ -95,14 +97,18 @@ def judge_temperature(inputs: dict, answers: list, ref: dict) -> None:
 
 
 def judge_step_visible(inputs: dict, answer: dict, ref: dict) -> None:
-    last = answer["steps"][-1]
-    emitted, tokens = as_ints(last["emitted"]), as_ints(last["tokens"])
-    require(1 <= len(emitted) <= inputs["k"] + 1, f"one step with k={inputs['k']} emits 1 to {inputs['k'] + 1} "
-                                                  f"tokens, got {emitted}")
-    require(tokens[-len(emitted):] == emitted, f"dec.tokens should end with the emitted tokens {emitted}, it ends "
-                                               f"with {tokens[-len(emitted):]}")
-    require(last["target_cache"] == len(tokens) - 1, f"after a step the target cache should hold all tokens but "
-                                                     f"the last ({len(tokens) - 1}), it holds {last['target_cache']}")
+    for number, after in enumerate(answer["steps"], start=1):
+        emitted, tokens = as_ints(after["emitted"]), as_ints(after["tokens"])
+        require(1 <= len(emitted) <= inputs["k"] + 1 and tokens[-len(emitted):] == emitted,
+                f"step {number}: a step emits 1 to {inputs['k'] + 1} tokens and appends them to dec.tokens; "
+                f"emitted {emitted}")
+        require(after["target_cache"] == len(tokens) - 1, f"step {number}: the target cache should hold all tokens "
+                                                          f"but the last ({len(tokens) - 1}), it holds "
+                                                          f"{after['target_cache']}")
+    new = as_ints(answer["steps"][-1]["tokens"])[len(inputs["context"]):]
+    expected = greedy_reference(ref["target"], inputs["context"], len(new))
+    require(new == expected, f"at temperature 0 the output is the target's greedy decoding: expected {expected}, "
+                             f"got {new}")
 
 
 def step_inputs(generator: torch.Generator, ref: dict) -> dict:
@@ -163,12 +169,22 @@ def judge_eos(inputs: dict, answers: list, ref: dict) -> None:
                                           f"expected {reference[: stop + 1]}, got {new}")
 
 
+def generate_visible_inputs(generator: torch.Generator, ref: dict) -> dict:
+    expected = greedy_reference(ref["target"], PROMPT, 12)
+    return {"expected": expected, "cases": [{"prompt": PROMPT, "max_new_tokens": 12, "k": 3},
+                                            {"prompt": PROMPT, "max_new_tokens": 12, "k": 3, "eos": expected[4]}]}
+
+
 def judge_generate_visible(inputs: dict, answers: list, ref: dict) -> None:
+    expected = inputs["expected"]
     got = decode(answers[0])
     require(isinstance(got, list) and len(got) == 2, f"generate should return (tokens, forwards), got {show(got)}")
     new, forwards = as_ints(got[0]), as_int(got[1])
-    require(len(new) == 12, f"generate(max_new_tokens=12) should return 12 tokens, got {len(new)}")
+    require(new == expected, f"expected the 12 greedy tokens {expected}, got {new}")
     require(1 <= forwards <= 12, f"12 tokens take 1 to 12 target forwards, got {forwards}")
+    stop = expected.index(expected[4])
+    new = as_ints(decode(answers[1])[0])
+    require(new == expected[: stop + 1], f"with eos={expected[4]}, expected {expected[: stop + 1]}, got {new}")
 
 
 def formula_inputs(generator: torch.Generator, ref: dict) -> dict:
@@ -193,6 +209,16 @@ def judge_formulas(inputs: dict, answer: dict, ref: dict) -> None:
                                         f"got {got:.6g}")
 
 
+def judge_formulas_visible(inputs: dict, answer: dict, ref: dict) -> None:
+    """Exactly the visible cell's three assertions (the speedup only at alpha = 0.5)."""
+    got = as_float(answer["tokens"][0])
+    require(isclose(got, 1.875, 1e-9), f"alpha = 0.5, k = 3: 1 + 0.5 + 0.25 + 0.125 = 1.875 tokens, got {got}")
+    got = as_float(answer["tokens"][1])
+    require(isclose(got, 5.0, 1e-9), f"alpha = 1, k = 4: every draft kept plus the bonus, 5 tokens, got {got}")
+    got = as_float(answer["speedup"][0])
+    require(isclose(got, 1.875 / 1.75, 1e-9), f"alpha = 0.5, k = 3, c = 0.25: 1.875 / (3 * 0.25 + 1), got {got}")
+
+
 CHECKS = {
     "test_draft": Check("draft", fixed({"cases": [{"context": PROMPT, "k": 4, "temperature": 0.0, "seed": 0}]}),
                         judge_draft_visible, "draft on the visible case (k = 4, temperature 0)"),
@@ -200,19 +226,20 @@ CHECKS = {
                                         "draft samples its token from the q it returns (temperature 1.5)"),
     "test_draft_temperature_hidden": Check("draft", temperature_inputs, judge_temperature,
                                            "draft's q rows at temperature 0.5"),
-    "test_step": Check("step", fixed({"context": PROMPT, "temperature": 0.0, "seed": 0, "steps": 1, "k": 3}),
+    "test_step": Check("step", fixed({"context": PROMPT, "temperature": 0.0, "seed": 0, "steps": 3, "k": 3}),
                        judge_step_visible, "speculative_step on the visible case"),
     "test_step_cache_hidden": Check("step", step_inputs, judge_step_cache,
                                     "both caches after each of 8 steps, and the greedy output"),
     "test_step_lossless_hidden": Check("first_tokens", lossless_inputs, judge_lossless,
                                        "a step samples the target's distribution (temperature 0.5, a different "
                                        "draft model)"),
-    "test_generate": Check("generate", fixed({"cases": [{"prompt": PROMPT, "max_new_tokens": 12, "k": 3}]}),
-                           judge_generate_visible, "generate on the visible case"),
+    "test_generate": Check("generate", generate_visible_inputs, judge_generate_visible,
+                           "generate on the visible cases (12 greedy tokens, and an EOS)"),
     "test_generate_eos_hidden": Check("generate", eos_inputs, judge_eos,
                                       "generate returns exactly max_new_tokens tokens and stops after EOS"),
-    "test_formulas": Check("formulas", fixed({"cases": [{"alpha": 0.0, "k": 4, "c": 0.0}]}), judge_formulas,
-                           "the formulas at alpha = 0"),
+    "test_formulas": Check("formulas", fixed({"cases": [{"alpha": 0.5, "k": 3, "c": 0.25},
+                                                        {"alpha": 1.0, "k": 4, "c": 0.25}]}),
+                           judge_formulas_visible, "the formulas on the visible cases"),
     "test_formulas_hidden": Check("formulas", formula_inputs, judge_formulas,
                                   "the formulas at alpha = 1, the bonus token, and random settings"),
 }
