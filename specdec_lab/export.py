@@ -441,6 +441,18 @@ def fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def ready(notebook: str | os.PathLike) -> tuple[Extracted, LabBenchmark]:
+    """The checks `export` makes before it benchmarks: the notebook is a finished lab, its extracted module
+    imports, and a benchmark knows its functions. Raises ExportError saying what is missing; lesson 8 calls it,
+    so "ready" means `specdec export` will run."""
+    extracted = extract(Path(notebook))
+    with tempfile.TemporaryDirectory(prefix="specdec-ready-") as tmp:
+        module_path = Path(tmp) / f"{extracted.lab}.py"
+        module_path.write_text(extracted.source, encoding="utf-8")
+        import_module_from(module_path, f"_specdec_ready_{extracted.lab}")
+    return extracted, find_benchmark(extracted.functions)
+
+
 def export(notebook: str | os.PathLike, out: str | os.PathLike, pair: ModelPair | None = None,
            target: str | None = None, draft: str | None = None, prompts: int = 5, max_new_tokens: int = 32,
            repeats: int = 2, threads: int = 2, force: bool = False, log: Callable[[str], None] = print) -> Path:

@@ -238,3 +238,18 @@ def test_the_command_line_lists_submissions_that_need_review(tmp_path):
 
 def test_gradebook_module_names_the_labs():
     assert gradebook.list_labs() == LABS
+
+
+def test_lab_rules_warn_under_the_cell_in_ipython(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("import torch\ndef verify(x):\n    return x\n")
+    lab_rules.watch(shell)
+    lab_rules.watch(shell)  # the setup cell run twice registers one hook, not two
+    capsys.readouterr()
+    shell.run_cell("result = verify(3)\nscratch = [1, 2]\nscratch[0] += 1")
+    assert capsys.readouterr().out == "", "ordinary code gets no warning"
+    shell.run_cell("def verify(x):\n    return 0\n")
+    out = capsys.readouterr().out
+    assert out.count("redefines `verify`") == 1 and shell.user_ns["verify"](5) == 0, "a warning, never a block"

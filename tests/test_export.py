@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from specdec_lab.cli import main
-from specdec_lab.export import ExportError, export, extract
+from specdec_lab.export import ExportError, export, extract, ready
 from specdec_lab.models import zoo_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,3 +217,19 @@ def test_existing_folder_needs_force(model_paths, tmp_path):
     run_export(notebook, out, model_paths, force=True)
     assert not (out / "old.txt").exists() and (out / "lab00_tiny.py").exists()
     assert leftovers(tmp_path) == []
+
+
+def test_ready_makes_the_same_checks_as_export(tmp_path):
+    """Lesson 8 says "ready to export" only when `specdec export` would get to its benchmark."""
+    found, benchmark = ready(SOLUTION)
+    assert "verify" in found.functions and set(benchmark.needs) <= set(found.functions)
+    with pytest.raises(ExportError, match="NotImplementedError"):
+        ready(blank_release(SOLUTION, tmp_path / "lab01_sampling.ipynb"))
+    broken = nbformat.read(SOLUTION, as_version=4)
+    for cell in broken.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "residual":
+            cell.source += "\n\ndef smoothed(p, eps=EPSILON_DEFINED_NOWHERE):\n    return p + eps\n"
+    nbformat.write(broken, tmp_path / "broken.ipynb")
+    assert "smoothed" in extract(tmp_path / "broken.ipynb").functions  # extraction alone does not import
+    with pytest.raises(ExportError, match="fails to import: NameError"):
+        ready(tmp_path / "broken.ipynb")
