@@ -89,11 +89,14 @@ def is_test(cell) -> bool:
 def assemble(release: nbformat.NotebookNode, cells: list[StudentCell]) -> Assembled:
     """The release notebook with the student's answers and added cells in place (see the module docstring)."""
     known = {grade_id(c): c for c in release.cells if grade_id(c)}
+    lab_texts = {c.source for c in release.cells if not grade_id(c)}  # the lab's own instructions
     answers: dict[str, str] = {}
     extras: dict[str | None, list[StudentCell]] = {}
     anchor: str | None = None
     notes: list[str] = []
     for cell in cells:
+        if cell.grade_id is None and cell.source in lab_texts:
+            continue  # the student's copy of the instructions: the release's copy is used
         if cell.grade_id in known and cell.grade_id not in answers:
             answers[cell.grade_id] = cell.source
             anchor = cell.grade_id
