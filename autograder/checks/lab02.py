@@ -111,8 +111,14 @@ def judge_step_visible(inputs: dict, answer: dict, ref: dict) -> None:
                              f"got {new}")
 
 
+def other_draft(generator: torch.Generator) -> dict:
+    """A draft unrelated to the target (rejected often), built in the sandbox from these two numbers."""
+    return {"draft_seed": 1000 + seed_of(generator) % 10_000, "draft_sharpness": 4.0}
+
+
 def step_inputs(generator: torch.Generator, ref: dict) -> dict:
-    return {"context": random_context(generator), "temperature": 0.0, "seed": 0, "steps": 8, "k": 3}
+    return {"context": random_context(generator), "temperature": 0.0, "seed": 0, "steps": 8, "k": 3,
+            **other_draft(generator)}
 
 
 def judge_step_cache(inputs: dict, answer: dict, ref: dict) -> None:
@@ -132,7 +138,7 @@ def judge_step_cache(inputs: dict, answer: dict, ref: dict) -> None:
 
 def lossless_inputs(generator: torch.Generator, ref: dict) -> dict:
     return {"context": random_context(generator), "temperature": 0.5, "n": 400, "k": 2, "seed": seed_of(generator),
-            "draft_seed": 1000 + seed_of(generator) % 10_000, "draft_sharpness": 4.0}
+            **other_draft(generator)}
 
 
 def judge_lossless(inputs: dict, answer: dict, ref: dict) -> None:
@@ -151,7 +157,7 @@ def eos_inputs(generator: torch.Generator, ref: dict) -> dict:
     context = random_context(generator)
     reference = greedy_reference(ref["target"], context, 24)
     stop = max(i for i in range(24) if reference[i] not in reference[:i])  # the last first-appearance
-    return {"reference": reference, "stop": stop, "cases": [
+    return {"reference": reference, "stop": stop, **other_draft(generator), "cases": [
         {"prompt": context, "max_new_tokens": 9, "k": 4},
         {"prompt": context, "max_new_tokens": 24, "k": 4, "eos": reference[stop]}]}
 
@@ -229,14 +235,16 @@ CHECKS = {
     "test_step": Check("step", fixed({"context": PROMPT, "temperature": 0.0, "seed": 0, "steps": 3, "k": 3}),
                        judge_step_visible, "speculative_step on the visible case"),
     "test_step_cache_hidden": Check("step", step_inputs, judge_step_cache,
-                                    "both caches after each of 8 steps, and the greedy output"),
+                                    "both caches after each of 8 steps with a draft the target often rejects, "
+                                    "and the greedy output"),
     "test_step_lossless_hidden": Check("first_tokens", lossless_inputs, judge_lossless,
                                        "a step samples the target's distribution (temperature 0.5, a different "
                                        "draft model)"),
     "test_generate": Check("generate", generate_visible_inputs, judge_generate_visible,
                            "generate on the visible cases (12 greedy tokens, and an EOS)"),
     "test_generate_eos_hidden": Check("generate", eos_inputs, judge_eos,
-                                      "generate returns exactly max_new_tokens tokens and stops after EOS"),
+                                      "generate returns exactly max_new_tokens tokens and stops after EOS (with a "
+                                      "draft the target often rejects)"),
     "test_formulas": Check("formulas", fixed({"cases": [{"alpha": 0.5, "k": 3, "c": 0.25},
                                                         {"alpha": 1.0, "k": 4, "c": 0.25}]}),
                            judge_formulas_visible, "the formulas on the visible cases"),

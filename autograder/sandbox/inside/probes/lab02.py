@@ -31,10 +31,22 @@ def draft_samples(ns: dict, inputs: dict) -> dict:
     return {"tokens": tokens, "q": plain(first_q)}
 
 
+def other_draft(ns: dict, inputs: dict):
+    """A draft model that differs from the target (a seeded random Llama of the lab's shape): it gets rejected
+    often, so rollback and verification really matter."""
+    other = get(ns, "tiny_llama")(seed=inputs["draft_seed"], hidden=48, layers=2)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(inputs["draft_sharpness"])
+    return other
+
+
 def step(ns: dict, inputs: dict) -> dict:
     """`steps` speculative steps from `start(context)`: tokens and both caches' lengths after each."""
     start, speculative_step = get(ns, "start"), get(ns, "speculative_step")
     dec = start(list(inputs["context"]), inputs["temperature"], inputs["seed"])
+    if "draft_seed" in inputs:
+        dec.draft = other_draft(ns, inputs)
+        dec.draft_cache = get(ns, "DynamicCache")(config=dec.draft.config)
     after = []
     for _ in range(inputs["steps"]):
         emitted = speculative_step(dec, inputs["k"])
@@ -48,10 +60,8 @@ def first_tokens(ns: dict, inputs: dict) -> dict:
     """The first token of one step after a greedy start, over many seeds, with a draft model that differs from
     the target (a seeded random Llama of the lab's own shape)."""
     start, speculative_step = get(ns, "start"), get(ns, "speculative_step")
-    tiny_llama, cache_class = get(ns, "tiny_llama"), get(ns, "DynamicCache")
-    other = tiny_llama(seed=inputs["draft_seed"], hidden=48, layers=2)
-    with torch.no_grad():
-        other.lm_head.weight.mul_(inputs["draft_sharpness"])
+    cache_class = get(ns, "DynamicCache")
+    other = other_draft(ns, inputs)
     tokens = []
     for seed in range(inputs["n"]):
         dec = start(list(inputs["context"]), 0.0, inputs["seed"] + seed)
@@ -61,9 +71,17 @@ def first_tokens(ns: dict, inputs: dict) -> dict:
 
 
 def generate(ns: dict, inputs: dict) -> list:
+    """The student's generate on each case; with "draft_seed", `start` drafts with a model that differs from
+    the target (the lab's `draft_model` name is pointed at it for the duration)."""
     f = get(ns, "generate")
-    return [call(f, list(c["prompt"]), c["max_new_tokens"], k=c["k"], **({"eos": c["eos"]} if "eos" in c else {}))
-            for c in inputs["cases"]]
+    original = ns.get("draft_model")
+    if "draft_seed" in inputs:
+        ns["draft_model"] = other_draft(ns, inputs)
+    try:
+        return [call(f, list(c["prompt"]), c["max_new_tokens"], k=c["k"], **({"eos": c["eos"]} if "eos" in c else {}))
+                for c in inputs["cases"]]
+    finally:
+        ns["draft_model"] = original
 
 
 def formulas(ns: dict, inputs: dict) -> dict:
