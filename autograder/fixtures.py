@@ -323,4 +323,56 @@ LABS: dict[str, LabFixtures] = {
                                            "key=lambda i: (-scores[i], i))]", {"test_dynamic_tree_hidden"}),
         },
     ),
+    "lab06_train_drafter": LabFixtures(
+        target_cell="eagle_pairs",
+        target_tests={"test_eagle_pairs", "test_eagle_pairs_hidden", "test_eagle_loss", "test_eagle_loss_hidden",
+                      "test_train_eagle", "test_train_eagle_hidden"},
+        reference_import=("from specdec_lab.train.eagle import unroll  # noqa: F401\n\n\n"
+                          "def eagle_pairs(features, tokens, mask):\n"
+                          "    valid = mask[:, 1:]\n"
+                          "    return features[:, :-1][valid], tokens[:, 1:][valid], features[:, 1:][valid]\n"),
+        mistakes={
+            "labels_shifted_wrong_way": Mistake(
+                "medusa_labels",
+                "labels[:, :-shift] = tokens[:, shift:].masked_fill(~(mask[:, shift:] & mask[:, :-shift]), IGNORE)",
+                "labels[:, shift:] = tokens[:, :-shift].masked_fill(~(mask[:, :-shift] & mask[:, shift:]), IGNORE)",
+                {"test_medusa_labels", "test_medusa_labels_hidden", "test_medusa_loss_hidden",
+                 "test_train_medusa_hidden", "test_medusa_accuracy_hidden"}),
+            "loss_on_padding": Mistake("medusa_loss", "labels = medusa_labels(tokens, mask, k)",
+                                       "labels = medusa_labels(tokens, torch.ones_like(mask), k)",
+                                       {"test_medusa_loss_hidden", "test_train_medusa_hidden"}),
+            "pairs_at_same_position": Mistake("eagle_pairs", "tokens[:, 1:][valid]", "tokens[:, :-1][valid]",
+                                              {"test_eagle_pairs", "test_eagle_pairs_hidden", "test_eagle_loss_hidden",
+                                               "test_train_eagle", "test_train_eagle_hidden"}),
+            "target_not_frozen": Mistake("train_eagle3",
+                                         "    target.requires_grad_(False)\n"
+                                         "    optimizer = torch.optim.AdamW(head.parameters(), lr=lr)",
+                                         "    optimizer = torch.optim.AdamW([*head.parameters(), "
+                                         "*target.parameters()], lr=lr)", {"test_train_eagle3_hidden"}),
+            "ttt_leaks_true_features": Mistake("ttt_losses", "feature = head(feature[:, : length - s], tokens[:, s:])",
+                                               "feature = head(fused[:, s - 1 : length - 1], tokens[:, s:])",
+                                               {"test_ttt_hidden", "test_train_eagle3_hidden"}),
+        },
+        honest={
+            "medusa_labels": (
+                "def medusa_labels(tokens, mask, k):\n"
+                "    labels = torch.full(tokens.shape, IGNORE, dtype=torch.long)\n"
+                "    rows, length = tokens.shape\n"
+                "    for b in range(rows):\n"
+                "        for t in range(length - k - 1):\n"
+                "            if mask[b, t] and mask[b, t + k + 1]:\n"
+                "                labels[b, t] = tokens[b, t + k + 1]\n"
+                "    return labels\n"),
+            "eagle_pairs": (
+                "def eagle_pairs(features, tokens, mask):\n"
+                "    inputs, nexts, targets = [], [], []\n"
+                "    for b in range(tokens.shape[0]):\n"
+                "        for t in range(tokens.shape[1] - 1):\n"
+                "            if mask[b, t + 1]:\n"
+                "                inputs.append(features[b, t])\n"
+                "                nexts.append(int(tokens[b, t + 1]))\n"
+                "                targets.append(features[b, t + 1])\n"
+                "    return torch.stack(inputs), torch.tensor(nexts), torch.stack(targets)\n"),
+        },
+    ),
 }

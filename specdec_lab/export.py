@@ -37,6 +37,7 @@ import torch
 
 from specdec_lab import bench, decode, report
 from specdec_lab.drafters import DraftModelDrafter
+from specdec_lab.drafters.base import Draft, Drafter
 from specdec_lab.models import ModelPair, load_pair, zoo_path
 from specdec_lab.sampling import process_logits
 from specdec_lab.stats import DecodeStats
@@ -211,13 +212,15 @@ class LabBenchmark:
     needs: solution functions that identify the lab; subject: what of theirs runs ("my verify"); what: one
     sentence for the README; methods: (module, config) -> the benchmark methods, named "plain" (the
     baseline every figure is relative to), "reference" (the engine's own implementation) and "yours" (the
-    same job done by the student's code).
+    same job done by the student's code); own: instead of `methods`, for a lab that brings its own target
+    (the drafter-training lab): (module, settings) -> the benchmark dict, run on the lab's models.
     """
 
     needs: tuple[str, ...]
     subject: str
     what: str
-    methods: Callable[[ModuleType, bench.BenchConfig], list[bench.Method]]
+    methods: Callable[[ModuleType, bench.BenchConfig], list[bench.Method]] | None = None
+    own: Callable[[ModuleType, dict], dict] | None = None
 
 
 def student_verify_chain(verify: Callable) -> Callable:
@@ -320,7 +323,123 @@ def lab01_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.M
                                             "chain", yours, draft_model=True)]
 
 
+class HeadChainDrafter(Drafter):
+    """A thin adapter that plugs a lab-trained EAGLE head into the engine: a greedy chain of `k` tokens.
+
+    head: the lab's `EagleHead` ((feature, token) -> next feature, with `fuse` for several layers); lm_head:
+    the target's output layer; layers: the target hidden states the head's first input fuses. At every step
+    the head starts from the target's feature at the last verified position and the token that followed it
+    (the engine hands over the accepted positions' hidden states), then rolls on its own predictions.
+    """
+
+    needs_hidden_states = True
+
+    def __init__(self, head: torch.nn.Module, lm_head: torch.nn.Module, k: int, layers: tuple[int, ...] = (-1,)):
+        self.head, self.lm_head, self.k, self.layers = head, lm_head, k, layers
+        self.feature: torch.Tensor | None = None
+
+    def start(self, state) -> None:
+        self.commit(state, 0)
+
+    def commit(self, state, accepted: int) -> None:
+        rows = [state.hidden_states[i].reshape(-1, state.hidden_states[i].shape[-1])[-1] for i in self.layers]
+        self.feature = self.head.fuse(torch.cat(rows, dim=-1))
+
+    @torch.no_grad()
+    def propose(self, state, max_tokens: int) -> Draft:
+        feature, token, drafted = self.feature, state.tokens[-1], []
+        for _ in range(min(self.k, max_tokens)):
+            feature = self.head(feature, torch.tensor(token))
+            token = int(self.lm_head(feature).argmax())
+            drafted.append(token)
+        return Draft(torch.tensor(drafted, dtype=torch.long))
+
+
+def lab06_benchmark(module: ModuleType, settings: dict) -> dict:
+    """The drafter-training lab: EAGLE heads trained by the student's `train_eagle` (and `train_eagle3` with
+    and without the training-time test) drafting for the lab's own target in `specdec_lab.generate`, greedy,
+    against an untrained head and plain decoding, on held-out sentences of the lab's language."""
+    torch.manual_seed(0)
+    prompts = [s[:6] for s in module.HELDOUT[: settings["prompts"]]]
+    k, new_tokens = 4, min(settings["max_new_tokens"], module.target.config.max_position_embeddings - 16)
+    heads: dict[str, tuple[torch.nn.Module, tuple[int, ...]]] = {"untrained head": (module.EagleHead(seed=0), (-1,))}
+    trained = module.EagleHead(seed=0)
+    module.train_eagle(trained, steps=200)
+    heads["my trained EAGLE head"] = (trained, (-1,))
+    if hasattr(module, "train_eagle3"):
+        for ttt in (1, 3):
+            head = module.EagleHead(inputs=len(module.FUSED_LAYERS), seed=0)
+            module.train_eagle3(head, steps=150, ttt_steps=ttt)
+            heads[f"my fused head, ttt_steps={ttt}"] = (head, tuple(module.FUSED_LAYERS))
+    plain = [decode.generate(module.target, p, None, new_tokens, eos_token_id=-1).tokens for p in prompts]
+    methods = {}
+    for name, (head, layers) in heads.items():
+        head.eval()
+        stats, equal = DecodeStats(), 0
+        for prompt, expected in zip(prompts, plain, strict=True):
+            drafter = HeadChainDrafter(head, module.target.lm_head, k, layers)
+            out = decode.generate(module.target, prompt, drafter, new_tokens, eos_token_id=-1)
+            equal += out.tokens == expected
+            for accepted in out.stats.accepted_per_step:
+                stats.record_step(k, accepted)
+            stats.target_forwards += out.stats.target_forwards
+            stats.new_tokens += len(out.tokens)
+        summary = stats.summary()
+        methods[name] = {"outputs_equal_to_baseline": equal, "tau": round(stats.mean_accepted_tokens, 3),
+                         "accepted_per_step": round(stats.accepted / max(1, len(stats.accepted_per_step)), 3),
+                         "per_position_acceptance": summary["per_position_acceptance"]}
+    return {"machine": bench.describe_machine(settings["threads"]),
+            "settings": {"prompts": len(prompts), "max_new_tokens": new_tokens, "k": k, "temperature": 0,
+                         "baseline": "plain greedy decoding of the lab's target"},
+            "models": {"target": {"parameters": sum(p.numel() for p in module.target.parameters()),
+                                  "what": "the lab's tiny Llama, rebuilt by its setup"}},
+            "methods": methods}
+
+
+def lab06_readme(extracted: Extracted, lab: LabBenchmark, result: dict, command: str) -> str:
+    """The drafter-training artifact's README: the heads the student's code trained, measured in the engine."""
+    functions = "\n".join(f"- `{name}`: {doc}" for name, doc in extracted.functions.items())
+    settings = result["settings"]
+    rows = "\n".join(f"| {name} | {m['outputs_equal_to_baseline']} of {settings['prompts']} | {m['tau']:.2f} | "
+                     f"{m['accepted_per_step']:.2f} | {', '.join(f'{a:.2f}' for a in m['per_position_acceptance'])} |"
+                     for name, m in result["methods"].items())
+    return f"""# {extracted.title}: my implementation, measured
+
+This folder is the project artifact of `{extracted.lab}`: the functions I wrote in the lab, extracted into
+an importable module, and the drafters they train, plugged into a real speculative decoding engine.
+
+## What I built
+
+`{extracted.lab}.py` defines:
+
+{functions}
+
+## What was measured
+
+{lab.what}. {settings['prompts']} held-out prompts, {settings['max_new_tokens']} new tokens each, greedy
+(temperature 0), k = {settings['k']} drafted tokens per target forward, on {result['machine']['cpu']}.
+"= plain" counts prompts whose output equals plain greedy decoding token for token (it must be all of them:
+the drafter changes the speed, never the text); tau counts the tokens emitted per target forward.
+
+| drafter | = plain | tau | accepted per step | acceptance at depth 1..{settings['k']} |
+|---|---|---|---|---|
+{rows}
+
+`benchmark.json` holds the raw numbers.
+
+## Reproduce
+
+```
+{command}
+```
+"""
+
+
 LAB_BENCHMARKS = [
+    LabBenchmark(("train_eagle", "eagle_loss", "eagle_pairs"), "my EAGLE head",
+                 "my `train_eagle` (and `train_eagle3`) train EAGLE heads on the lab's target; each head drafts "
+                 "through a thin adapter (`HeadChainDrafter`) in `specdec_lab.generate`, against an untrained head",
+                 own=lab06_benchmark),
     LabBenchmark(("generate", "speculative_step"), "my loop",
                  "my loop (`generate` driving `speculative_step`: draft, one target forward, roll back both caches) "
                  "runs on the benchmark's target and draft models, against `specdec_lab.generate` with the same "
@@ -475,16 +594,28 @@ def export(notebook: str | os.PathLike, out: str | os.PathLike, pair: ModelPair 
         module = import_module_from(module_path, f"_specdec_export_{extracted.lab}")
         lab = find_benchmark(extracted.functions)
         torch.set_num_threads(threads)
+        settings = dict(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, threads=threads)
+        command = (f"specdec export {notebook} --out {out} --prompts {prompts} --max-new-tokens {max_new_tokens} "
+                   f"--repeats {repeats} --threads {threads}")
+        if lab.own is not None:
+            log("training drafters with your code and measuring them in the engine")
+            try:
+                result = lab.own(module, settings)
+            except Exception as error:  # the student's code failed while training or drafting
+                raise ExportError(f"your code failed in the benchmark: {type(error).__name__}: {error}") from None
+            report.write_json(result, staging / "benchmark.json")
+            (staging / "README.md").write_text(lab06_readme(extracted, lab, result, command), encoding="utf-8")
+            os.chmod(staging, 0o755)
+            replace_folder(staging, out)
+            log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+            return out
         pair = pair or load_pair(target=target, draft=draft)
         if pair.draft is None:
             raise ExportError("the benchmark needs a draft model (the zoo draft, or --draft PATH)")
         log(f"benchmarking against the reference ({prompts} prompts x {max_new_tokens} tokens, {repeats} repeats)")
-        settings = dict(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, threads=threads)
         result = run_lab_benchmark(module, lab, pair, settings)
         for role, path in (("target", target), ("draft", draft)):
             result["models"][role] |= {"path": path or str(zoo_path() / role), "zoo": path is None}
-        command = (f"specdec export {notebook} --out {out} --prompts {prompts} --max-new-tokens {max_new_tokens} "
-                   f"--repeats {repeats} --threads {threads}")
         report.write_json(result, staging / "benchmark.json")
         report.write_html(result, staging / "report.html", title=f"{extracted.title}: my implementation",
                           intro=f"<p>{lab.what.replace('`', '')}.</p>")

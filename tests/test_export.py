@@ -24,6 +24,7 @@ from specdec_lab.models import zoo_path
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "solutions" / "lab01_sampling" / "lab01_sampling.ipynb"
 LOOP_SOLUTION = ROOT / "solutions" / "lab02_loop" / "lab02_loop.ipynb"
+TRAINING_SOLUTION = ROOT / "solutions" / "lab06_train_drafter" / "lab06_train_drafter.ipynb"
 SOLUTION_REGION = re.compile(r"### BEGIN SOLUTION\n.*?### END SOLUTION", re.S)
 
 CORRECT_VERIFY = '''
@@ -131,6 +132,23 @@ def test_exported_loop_lab_imports_and_runs(model_paths, tmp_path):
     assert greedy["yours"]["outputs_equal_to_baseline"] == 2
     assert greedy["yours"]["tau"] == pytest.approx(greedy["reference"]["tau"], abs=0.01)
     assert "my loop" in (out / "README.md").read_text()
+
+
+def test_exported_training_lab_trains_heads_that_the_engine_accepts(tmp_path):
+    """Lab 6: the student's training code trains EAGLE heads on the lab's own target; in `specdec_lab.generate`
+    (through the thin chain adapter) they reproduce plain greedy decoding and beat an untrained head."""
+    out = export(TRAINING_SOLUTION, tmp_path / "artifact", prompts=2, max_new_tokens=12, threads=1,
+                 log=lambda line: None)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "benchmark.json", "lab06_train_drafter.py"]
+    methods = json.loads((out / "benchmark.json").read_text())["methods"]
+    assert all(m["outputs_equal_to_baseline"] == 2 for m in methods.values()), methods
+    assert methods["my trained EAGLE head"]["tau"] > methods["untrained head"]["tau"] + 0.5, methods
+    assert "my trained EAGLE head" in (out / "README.md").read_text()
+    module = import_artifact(out, "lab06_train_drafter")
+    inputs, tokens, targets = module.eagle_pairs(torch.arange(6.0).reshape(1, 3, 2), torch.tensor([[1, 5, 6]]),
+                                                 torch.tensor([[True, True, True]]))
+    assert tokens.tolist() == [5, 6] and inputs.tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    assert leftovers(tmp_path) == []
 
 
 def released_notebooks(tmp_path: Path) -> list[Path]:
