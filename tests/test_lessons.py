@@ -4,7 +4,6 @@ and comes with a valid question bank of at least five questions whose answer key
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -17,7 +16,8 @@ from specdec_lab.widgets.quiz import load_bank, validation_problems
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
 BANKS = sorted((LESSONS_DIR / "quizzes").glob("*.json"))
-MIN_QUESTIONS = 5
+MIN_QUESTIONS = 6
+CELL_TIMEOUT = 300  # seconds per cell: far above any cell's run time, so only a hang reaches it
 
 
 def test_the_course_has_its_lessons():
@@ -66,23 +66,14 @@ def test_bank_is_valid_and_its_key_is_consistent(path):
 
 
 def execute(path: Path) -> tuple[nbformat.NotebookNode, float]:
-    """Run a lesson as a student's kernel would, headless: widgets print static summaries, no network."""
+    """Run a lesson exactly as `jupyter nbconvert --execute` or papermill would: nbclient, the default kernel, the
+    lesson's folder as working directory, this process's environment unchanged (no switch for the course's widgets
+    or threads). The per-cell timeout guards against a hang; it is no speed test."""
     notebook = nbformat.read(path, as_version=4)
-    env = {"SPECDEC_STATIC_WIDGETS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        started = time.perf_counter()
-        NotebookClient(notebook, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(LESSONS_DIR)}}).execute()
-        return notebook, time.perf_counter() - started
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    started = time.perf_counter()
+    NotebookClient(notebook, timeout=CELL_TIMEOUT, kernel_name="python3",
+                   resources={"metadata": {"path": str(LESSONS_DIR)}}).execute()
+    return notebook, time.perf_counter() - started
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -93,6 +84,10 @@ def test_lesson_runs_headless(path, record_property):
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "\n".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "Check yourself" in text  # the quiz printed its static summary
+    assert "torch threads:" in text  # the lesson chose its thread count for the machine's load
+    fallbacks = "\n".join(o["data"]["text/plain"] for o in outputs
+                          if "application/vnd.jupyter.widget-view+json" in o.get("data", {}))
+    # With no front end attached, every widget's display still carries its text, the quiz's included.
+    assert "Check yourself" in fallbacks
     figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert figures, f"{path.name} shows no plotly figure"
