@@ -4,6 +4,7 @@ and comes with a valid question bank of at least five questions whose answer key
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -65,6 +66,74 @@ def test_bank_is_valid_and_its_key_is_consistent(path):
     assert bank.score(bank.answers()) == (len(bank.questions), len(bank.questions))
 
 
+FIGURE = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\d)")  # a decimal figure: 0.73, 4.35, 1.49x, 3.3 TB/s
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+LITERATURE = json.loads((LESSONS_DIR / "literature_figures.json").read_text(encoding="utf-8"))
+
+
+def prose_figures(markdown: str) -> list[str]:
+    """The decimal figures a markdown cell states, outside code spans and fenced code blocks."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    return FIGURE.findall(re.sub(r"`[^`]*`", "", text))
+
+
+def neighbour_text(cells: list, index: int, reach: int = 3) -> str:
+    """Sources and outputs of the code cells at most `reach` cells away from cell `index`."""
+    parts = []
+    for cell in cells[max(0, index - reach) : index + reach + 1]:
+        if cell.cell_type != "code" or cell.source.startswith("Quiz("):  # a quiz's options prove nothing
+            continue
+        parts.append(cell.source)
+        for output in cell.get("outputs", []):
+            parts.append(output.get("text", ""))
+            parts.extend(v for v in output.get("data", {}).values() if isinstance(v, str))
+    return "\n".join(parts)
+
+
+def shows(text: str, figure: str) -> bool:
+    """True when `text` holds a number that reads as `figure` at the figure's precision (0.650 or 0.6517 -> 0.65)."""
+    decimals = len(figure.split(".")[1])
+    return any(abs(float(n) - float(figure)) <= 0.5 * 10**-decimals + 1e-9 for n in NUMBER.findall(text))
+
+
+def stale_figures(notebook: nbformat.NotebookNode, lesson: str) -> list[str]:
+    """Decimal figures in the lesson's prose that no neighbouring code cell prints or sets (in an EXECUTED notebook),
+    and that `lessons/literature_figures.json` does not list with a source for this lesson."""
+    listed = {entry["figure"] for entry in LITERATURE.get(lesson, [])}
+    stale = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "markdown":
+            continue
+        nearby = neighbour_text(notebook.cells, index)
+        stale += [f"cell {index}: {figure}" for figure in prose_figures(cell.source)
+                  if figure not in listed and not shows(nearby, figure)]
+    return stale
+
+
+def test_prose_figure_check_catches_a_planted_stale_figure():
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("A 16-node tree went from tau 4.35 at T = 1 to 7.48 at T = 0.25 "
+                                      "(`rank_temperature=0.5` is code, not prose)."),
+        nbformat.v4.new_code_cell("run(rank_temperature=0.25)", outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text="rank_temperature 0.25: tau = 7.481\n")]),
+        nbformat.v4.new_markdown_cell("Far from any cell that prints it: 7.48. A datasheet says 3.3 TB/s."),
+    ])
+    notebook.cells += [nbformat.v4.new_markdown_cell("filler") for _ in range(3)]
+    notebook.cells.append(nbformat.v4.new_markdown_cell("tau 7.48 again, far from its cell"))
+    assert stale_figures(notebook, "01_why_decoding_is_slow") == ["cell 0: 4.35", "cell 6: 7.48"]
+    assert prose_figures("```\nx = 0.5\n```\nalpha = 0.8, 1.49x, `0.9`, version-like v1.2.3") == ["0.8", "1.49"]
+
+
+def test_literature_figures_name_their_source_and_are_used():
+    lessons = {path.stem: nbformat.read(path, as_version=4) for path in LESSONS}
+    for lesson, entries in LITERATURE.items():
+        cells = lessons[lesson].cells
+        prose = [f for cell in cells if cell.cell_type == "markdown" for f in prose_figures(cell.source)]
+        for entry in entries:
+            assert entry["source"].strip() and re.search(r"\b(19|20)\d\d\b", entry["source"]), entry
+            assert entry["figure"] in prose, f"{lesson}: {entry['figure']} is listed but the lesson never states it"
+
+
 def execute(path: Path) -> tuple[nbformat.NotebookNode, float]:
     """Run a lesson exactly as `jupyter nbconvert --execute` or papermill would: nbclient, the default kernel, the
     lesson's folder as working directory, this process's environment unchanged (no switch for the course's widgets
@@ -89,5 +158,7 @@ def test_lesson_runs_headless(path, record_property):
                           if "application/vnd.jupyter.widget-view+json" in o.get("data", {}))
     # With no front end attached, every widget's display still carries its text, the quiz's included.
     assert "Check yourself" in fallbacks
+    # Every decimal figure of the prose is printed or set by a code cell next to it (or is a sourced literature one).
+    assert stale_figures(notebook, path.stem) == []
     figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert figures, f"{path.name} shows no plotly figure"
