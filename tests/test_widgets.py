@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import ipywidgets as w
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -60,6 +61,25 @@ def test_in_a_kernel_one_display_carries_the_widget_and_its_text(monkeypatch):
     # A front end that draws widgets picks the view; nbconvert / papermill store the text, which viewers show.
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.ui.model_id
     assert bundle["text/plain"] == explorer.summary() and kwargs == {"raw": True}
+
+
+def test_figures_reach_their_output_widget_as_state_never_by_capture(monkeypatch):
+    # Capturing a display into an Output widget makes the front end (or nbclient) send the outputs back to the
+    # kernel on the shell channel, which can leave nbclient waiting for a reply until its timeout. Forbid it.
+    def no_capture(self):
+        raise AssertionError("a display was captured into an Output widget")
+
+    monkeypatch.setattr(w.Output, "__enter__", no_capture)
+    monkeypatch.setattr(w.Output, "clear_output", lambda self, *a, **k: no_capture(self))
+    monkeypatch.setattr(base, "in_kernel", lambda: True)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    explorer = SpeedupExplorer(alpha=0.8, gamma=4, c=0.1)
+    explorer.alpha.value = 0.6  # a slider move redraws the figure
+    [shown] = explorer.plot.outputs
+    assert shown["output_type"] == "display_data"
+    assert shown["data"]["application/vnd.plotly.v1+json"]["data"][-1]["x"] == [0.6]  # the "you are here" marker
+    view = TreeView([(toy_tree([5, 6, 7], [-1, 0, 0]), [0, 2])], decode=lambda ids: " ".join(map(str, ids)))
+    assert len(view.plot.outputs) == 1
 
 
 def test_explorer_follows_its_sliders(capsys):

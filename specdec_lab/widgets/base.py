@@ -10,8 +10,9 @@ variable is needed. In a Jupyter kernel, displaying a widget publishes ONE displ
 live widget and its text summary. A front end that draws widgets shows the controls; a run with none attached
 (nbconvert, papermill) stores the text in the notebook, where any viewer shows it. Outside a kernel (plain Python,
 terminal IPython, tests), while nbgrader grades (`NBGRADER_EXECUTION`), or with `static=True`, the summary is
-printed and no widget is published. Nothing here ever waits on a front end: the kernel side of ipywidgets only
-sends messages, and the widgets' callbacks run in the kernel.
+printed and no widget is published. Nothing here waits on a front end: the widgets' callbacks run in the kernel,
+and figures reach an `Output` widget as a state update from the kernel (`CourseWidget._show_figure`), never by
+capturing a display, which would make the front end (or nbclient, standing in for one) answer on the shell channel.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 from abc import ABC, abstractmethod
 
 import ipywidgets as w
+import plotly.io as pio
 from IPython.display import display
 
 
@@ -74,9 +76,15 @@ class CourseWidget(ABC):
         self._ipython_display_()
 
     def _show_figure(self, output: w.Output, figure) -> None:
-        """Replace what `output` shows by `figure` (only with a front end: headless Outputs stay empty)."""
+        """Replace what `output` shows by `figure`, by setting the Output widget's `outputs` state directly.
+
+        Never through `with output: display(...)`: that capture makes the front end (or nbclient's stand-in for
+        one, when nbconvert or papermill run the notebook) send the captured outputs back to the kernel on the
+        shell channel, and nbclient can then miss the cell's execute reply and wait until its timeout (seen on
+        lesson 5's tree view; jupyter/nbclient#312). A state update only flows from the kernel outwards.
+        """
         if self.static:
             return
-        output.clear_output(wait=True)
-        with output:
-            display(figure)
+        bundle = pio.renderers["plotly_mimetype"].to_mimebundle(figure.to_dict())
+        bundle["text/plain"] = figure.layout.title.text or "plotly figure"
+        output.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
