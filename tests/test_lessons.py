@@ -46,6 +46,40 @@ def test_lesson_has_a_quiz_bank_it_uses(path):
     assert f"quizzes/{path.stem}.json" in sources
 
 
+SHAPE = ["The Problem", "The Concept", "Build It", "Use It", "Ship It", "Exercises", "Key Terms", "Further Reading"]
+
+
+def sections(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    """The markdown under each H2 heading of a notebook (up to the next H2), by heading."""
+    found: dict[str, str] = {}
+    current = None
+    for cell in notebook.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for line in cell.source.splitlines():
+            if line.startswith("## "):
+                current = line[3:].strip()
+                found.setdefault(current, "")
+            elif current is not None:
+                found[current] += line + "\n"
+    return found
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_lesson_has_the_course_shape(path):
+    notebook = nbformat.read(path, as_version=4)
+    found = sections(notebook)
+    assert [h for h in found if h in SHAPE] == SHAPE, f"{path.name}: the course's sections, in order, once each"
+    exercises = found["Exercises"]
+    assert exercises.count("<details>") >= 3 and exercises.count("<summary>") == exercises.count("<details>")
+    assert len(re.findall(r"^- \*\*[^*]+\*\*: \S", found["Key Terms"], flags=re.M)) >= 4
+    readings = [line for line in found["Further Reading"].splitlines() if line.startswith("- ")]
+    assert len(readings) >= 3 and all(re.search(r"\((19|20)\d\d\)", line) for line in readings), readings
+    for heading in ("The Problem", "The Concept", "Build It", "Use It", "Ship It"):
+        assert len(found[heading].split()) >= 8 or any(  # a section says what it is about, or opens with a subsection
+            line.startswith("### ") for line in found[heading].splitlines()), f"{path.name}: {heading} is empty"
+
+
 @pytest.mark.parametrize("path", BANKS, ids=lambda p: p.stem)
 def test_bank_is_valid_and_its_key_is_consistent(path):
     assert validation_problems(json.loads(path.read_text(encoding="utf-8"))) == []
@@ -72,9 +106,10 @@ LITERATURE = json.loads((LESSONS_DIR / "literature_figures.json").read_text(enco
 
 
 def prose_figures(markdown: str) -> list[str]:
-    """The decimal figures a markdown cell states, outside code spans and fenced code blocks."""
+    """The decimal figures a markdown cell states, outside code spans, fenced code blocks and arXiv identifiers."""
     text = re.sub(r"```.*?```", "", markdown, flags=re.S)
-    return FIGURE.findall(re.sub(r"`[^`]*`", "", text))
+    text = re.sub(r"arXiv:\S+", "", re.sub(r"`[^`]*`", "", text))
+    return FIGURE.findall(text)
 
 
 def neighbour_text(cells: list, index: int, reach: int = 3) -> str:
@@ -121,7 +156,7 @@ def test_prose_figure_check_catches_a_planted_stale_figure():
     notebook.cells += [nbformat.v4.new_markdown_cell("filler") for _ in range(3)]
     notebook.cells.append(nbformat.v4.new_markdown_cell("tau 7.48 again, far from its cell"))
     assert stale_figures(notebook, "01_why_decoding_is_slow") == ["cell 0: 4.35", "cell 6: 7.48"]
-    assert prose_figures("```\nx = 0.5\n```\nalpha = 0.8, 1.49x, `0.9`, version-like v1.2.3") == ["0.8", "1.49"]
+    assert prose_figures("```\nx = 0.5\n```\nalpha = 0.8, 1.49x, `0.9`, v1.2.3, arXiv:2302.01318") == ["0.8", "1.49"]
 
 
 def test_literature_figures_name_their_source_and_are_used():
