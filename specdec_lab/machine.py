@@ -32,6 +32,11 @@ def load_average() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 thread', '2 threads'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def threads_for(cores: int, load: float | None) -> int:
     """Threads for torch: one per core that other programs leave idle, at least one.
 
@@ -99,8 +104,9 @@ class SpeedCheck:
     def report(self) -> str:
         """What the check found, in words, with the warning a loaded machine needs."""
         load = f"load average {self.load:.1f} on {self.cores} cores" if self.load is not None else f"{self.cores} cores"
-        line = (f"one target forward: {self.measured_ms:.2f} ms now ({self.threads} threads) vs {self.card_ms:.2f} ms "
-                f"in the model card ({self.card_threads} threads): {self.slowdown:.1f}x; {load}")
+        line = (f"one target forward: {self.measured_ms:.2f} ms now ({plural(self.threads, 'thread')}) vs "
+                f"{self.card_ms:.2f} ms in the model card ({plural(self.card_threads, 'thread')}): {self.slowdown:.1f}x; "
+                f"{load}")
         if not self.loaded:
             return line + ". The machine looks quiet: timings should be close to the card's."
         return (line + ".\nTHIS MACHINE IS LOADED: other programs share the CPU, so every timing below is slower than "
