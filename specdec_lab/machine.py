@@ -104,9 +104,9 @@ class SpeedCheck:
     def report(self) -> str:
         """What the check found, in words, with the warning a loaded machine needs."""
         load = f"load average {self.load:.1f} on {self.cores} cores" if self.load is not None else f"{self.cores} cores"
-        line = (f"one target forward: {self.measured_ms:.2f} ms now ({plural(self.threads, 'thread')}) vs "
-                f"{self.card_ms:.2f} ms in the model card ({plural(self.card_threads, 'thread')}): {self.slowdown:.1f}x; "
-                f"{load}")
+        now, card = plural(self.threads, "thread"), plural(self.card_threads, "thread")
+        line = (f"one target forward: {self.measured_ms:.2f} ms now ({now}) vs {self.card_ms:.2f} ms in the model card "
+                f"({card}): {self.slowdown:.1f}x; {load}")
         if not self.loaded:
             return line + ". The machine looks quiet: timings should be close to the card's."
         return (line + ".\nTHIS MACHINE IS LOADED: other programs share the CPU, so every timing below is slower than "
