@@ -39,7 +39,7 @@ from specdec_lab.cache import new_cache, truncate
 from specdec_lab.decode import default_eos, generate
 from specdec_lab.drafters import DraftModelDrafter, PromptLookupDrafter
 from specdec_lab.models import ModelPair, load_pair, zoo_path
-from specdec_lab.stats import DecodeStats
+from specdec_lab.stats import DecodeStats, rounded
 from specdec_lab.theory import alpha_from_tau, expected_speedup
 
 BASELINE = "hf-generate"
@@ -587,6 +587,7 @@ def summarise(record: MethodRecord, baseline: MethodRecord, reference: MethodRec
         "tau": round(stats.mean_accepted_tokens, 3),
         "acceptance_rate": round(stats.acceptance_rate, 3) if stats.drafted else None,
         "per_position_acceptance": [round(a, 3) for a in stats.per_position_acceptance],
+        "conditional_acceptance": rounded(stats.conditional_acceptance),
         "target_forwards": stats.target_forwards,
         "drafted": stats.drafted,
         "accepted": stats.accepted,
@@ -612,6 +613,7 @@ def merged_stats(runs: list[DecodeStats]) -> DecodeStats:
             setattr(total, name, getattr(total, name) + getattr(s, name))
         total.accepted_per_step.extend(s.accepted_per_step)
         total.drafted_at.update(s.drafted_at)
+        total.reached_at.update(s.reached_at)
         total.accepted_at.update(s.accepted_at)
     return total
 

@@ -127,8 +127,9 @@ def figures(result: dict) -> list:
             if rates:
                 position.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                               name=f"{name} ({kind})"))
-    position.update_layout(title="Acceptance per draft position (share of steps that kept it)", height=380,
-                           xaxis_title="draft position", yaxis_title="accepted", yaxis_range=[0, 1.05],
+    position.update_layout(title="Survival per draft position: share of steps that kept every draft token up to it",
+                           height=380,
+                           xaxis_title="draft position", yaxis_title="kept 1..i / drafted i", yaxis_range=[0, 1.05],
                            margin=dict(t=50, b=40))
     return [bars[0], bars[1], position, bars[2]]
 

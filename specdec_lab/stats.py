@@ -6,6 +6,7 @@ Conventions follow Spec-Bench / vLLM: tau (mean accepted tokens) counts the toke
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,9 +17,9 @@ class DecodeStats:
 
     target_forwards: target model calls (prefill included); drafted / accepted: draft tokens proposed and
     kept; new_tokens: tokens emitted; accepted_per_step: draft tokens kept at each verification step;
-    drafted_at / accepted_at: per draft position (0 = first drafted token), how often it was proposed and
-    kept; draft_seconds / verify_seconds / total_seconds: wall time in the drafter, in target forwards plus
-    verification, and overall.
+    drafted_at / reached_at / accepted_at: per draft position (0 = first drafted token), how often it was
+    proposed, reached (proposed with every earlier position kept) and kept; draft_seconds / verify_seconds /
+    total_seconds: wall time in the drafter, in target forwards plus verification, and overall.
     """
 
     target_forwards: int = 0
@@ -27,6 +28,7 @@ class DecodeStats:
     new_tokens: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
     drafted_at: Counter = field(default_factory=Counter)
+    reached_at: Counter = field(default_factory=Counter)
     accepted_at: Counter = field(default_factory=Counter)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -39,6 +41,8 @@ class DecodeStats:
         self.accepted_per_step.append(accepted)
         for position in range(drafted):
             self.drafted_at[position] += 1
+            if position <= accepted:
+                self.reached_at[position] += 1
             if position < accepted:
                 self.accepted_at[position] += 1
 
@@ -54,8 +58,21 @@ class DecodeStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """For each draft position, the share of steps that reached it and kept it."""
+        """Survival: for each draft position i (0-based), the share of steps that drafted it and kept it.
+
+        Position i is kept only if positions 0 .. i - 1 were kept too, so this counts from the start of the
+        draft and falls like alpha^(i+1) under the i.i.d. model (see `conditional_acceptance` for the other
+        reading).
+        """
         return [self.accepted_at[i] / self.drafted_at[i] for i in range(len(self.drafted_at))]
+
+    @property
+    def conditional_acceptance(self) -> list[float]:
+        """For each draft position i, the share of the steps that reached it (every earlier position kept) that
+        kept it too: the target's verdict on position i alone, flat at alpha under the i.i.d. model. A position
+        that no step reached has no such share: NaN."""
+        return [self.accepted_at[i] / self.reached_at[i] if self.reached_at[i] else math.nan
+                for i in range(len(self.drafted_at))]
 
     @property
     def accepted_histogram(self) -> dict[int, int]:
@@ -82,6 +99,7 @@ class DecodeStats:
             "tau": round(self.mean_accepted_tokens, 3),
             "acceptance_rate": round(self.acceptance_rate, 3),
             "per_position_acceptance": [round(a, 3) for a in self.per_position_acceptance],
+            "conditional_acceptance": rounded(self.conditional_acceptance),
             "accepted_histogram": self.accepted_histogram,
             "tokens_per_second": round(self.tokens_per_second, 1),
             "draft_seconds": round(self.draft_seconds, 4),
@@ -89,3 +107,8 @@ class DecodeStats:
             "other_seconds": round(self.other_seconds, 4),
             "total_seconds": round(self.total_seconds, 4),
         }
+
+
+def rounded(values: list[float], digits: int = 3) -> list[float | None]:
+    """`values` rounded to `digits`, with NaN (undefined) as None so that the list is valid JSON."""
+    return [None if math.isnan(v) else round(v, digits) for v in values]

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from specdec_lab import theory
 
@@ -75,20 +76,40 @@ def pq_bars(p: torch.Tensor | Sequence[float], q: torch.Tensor | Sequence[float]
                  "token", "probability")
 
 
-def acceptance_by_position(per_position: Sequence[float], alpha: float | None = None,
-                           title: str = "How often each draft position is accepted") -> go.Figure:
-    """Bars of the measured acceptance share per draft position, with the i.i.d. prediction alpha^(i+1).
+def acceptance_by_position(survival: Sequence[float], conditional: Sequence[float], alpha: float | None = None,
+                           title: str = "Acceptance per draft position, read two ways") -> go.Figure:
+    """Two panels per draft position i = 1, 2, ...: the conditional acceptance and the survival.
 
-    per_position: `DecodeStats.per_position_acceptance` style rates (share of steps reaching position i that
-    kept it); alpha: if given, also draws P(position i accepted from the start) = alpha^(i+1) for comparison.
+    Left, conditional: of the steps that reached position i (positions 1 .. i - 1 all kept), the share that kept
+    i too; the i.i.d. model predicts a flat alpha. Right, survival: of the steps that drafted position i, the share
+    that kept everything up to and including i; the i.i.d. model predicts alpha^i. Reading survival against a flat
+    alpha (or conditional against alpha^i) says the opposite of the truth about later positions.
+    survival: `DecodeStats.per_position_acceptance`; conditional: `DecodeStats.conditional_acceptance` (same
+    length); alpha: if given, the i.i.d. model's prediction is drawn on both panels; title: figure title.
     """
-    positions = [str(i + 1) for i in range(len(per_position))]
-    fig = go.Figure(go.Bar(x=positions, y=list(per_position), name="measured", marker_color=COLORS["accepted"]))
+    if len(survival) != len(conditional):
+        raise ValueError(f"survival and conditional must cover the same positions, got {len(survival)} and "
+                         f"{len(conditional)} values")
+    positions = [str(i + 1) for i in range(len(survival))]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "conditional: kept at i, given i was reached", "survival: kept from the start through i"))
+    fig.add_bar(x=positions, y=list(conditional), name="measured: accepted at i / reached i",
+                marker_color=COLORS["accepted"], row=1, col=1)
+    fig.add_bar(x=positions, y=list(survival), name="measured: kept 1..i / steps that drafted i",
+                marker_color=COLORS["measured"], row=1, col=2)
     if alpha is not None:
-        fig.add_scatter(x=positions, y=[alpha] * len(positions), name=f"alpha = {alpha:.2f} (i.i.d. model)",
-                        mode="lines", line={"color": COLORS["theory"], "dash": "dash"})
+        fig.add_scatter(x=positions, y=[alpha] * len(positions), name=f"i.i.d. model: alpha = {alpha:.2f}",
+                        mode="lines+markers", line={"color": COLORS["theory"], "dash": "dash"}, row=1, col=1)
+        fig.add_scatter(x=positions, y=[alpha ** (i + 1) for i in range(len(positions))],
+                        name="i.i.d. model: alpha^i", mode="lines+markers",
+                        line={"color": COLORS["theory"], "dash": "dot"}, row=1, col=2)
     fig.update_yaxes(range=[0, 1.05])
-    return style(fig, title, "draft position", "accepted / reached")
+    fig = style(fig, title, "", "", height=400)
+    fig.update_xaxes(title_text="draft position i")
+    fig.update_yaxes(title_text="accepted / reached", row=1, col=1)
+    fig.update_yaxes(title_text="share of steps", row=1, col=2)
+    fig.update_layout(margin={"t": 90}, legend={"y": -0.3, "yanchor": "top", "x": 0.0, "xanchor": "left"})
+    return fig
 
 
 def tau_histogram(accepted_per_step: Sequence[int] | Mapping[int, int], gamma: int | None = None,

@@ -21,7 +21,8 @@ from specdec_lab.models import ModelPair, zoo_path
 
 ROW_FIELDS = {
     "label", "family", "kind", "lossless", "new_tokens", "tokens_per_second", "tokens_per_second_repeats",
-    "speedup", "tau", "acceptance_rate", "per_position_acceptance", "target_forwards", "drafted", "accepted",
+    "speedup", "tau", "acceptance_rate", "per_position_acceptance", "conditional_acceptance", "target_forwards",
+    "drafted", "accepted",
     "outputs_equal_to_baseline", "equal_to_baseline", "draft_share", "alpha", "measured_speedup_vs_own_ar",
     "predicted_speedup", "efficiency", "predicted_speedup_costed", "efficiency_costed",
 }

@@ -4,7 +4,7 @@ and comes with a valid question bank of at least five questions whose answer key
 from __future__ import annotations
 
 import json
-import os
+import re
 import time
 from pathlib import Path
 
@@ -17,7 +17,8 @@ from specdec_lab.widgets.quiz import load_bank, validation_problems
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
 BANKS = sorted((LESSONS_DIR / "quizzes").glob("*.json"))
-MIN_QUESTIONS = 5
+MIN_QUESTIONS = 6
+CELL_TIMEOUT = 600  # seconds per cell: a hang guard, far above any cell's run time even on a machine loaded 25-fold
 
 
 def test_the_course_has_its_lessons():
@@ -45,6 +46,40 @@ def test_lesson_has_a_quiz_bank_it_uses(path):
     assert f"quizzes/{path.stem}.json" in sources
 
 
+SHAPE = ["The Problem", "The Concept", "Build It", "Use It", "Ship It", "Exercises", "Key Terms", "Further Reading"]
+
+
+def sections(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    """The markdown under each H2 heading of a notebook (up to the next H2), by heading."""
+    found: dict[str, str] = {}
+    current = None
+    for cell in notebook.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for line in cell.source.splitlines():
+            if line.startswith("## "):
+                current = line[3:].strip()
+                found.setdefault(current, "")
+            elif current is not None:
+                found[current] += line + "\n"
+    return found
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_lesson_has_the_course_shape(path):
+    notebook = nbformat.read(path, as_version=4)
+    found = sections(notebook)
+    assert [h for h in found if h in SHAPE] == SHAPE, f"{path.name}: the course's sections, in order, once each"
+    exercises = found["Exercises"]
+    assert exercises.count("<details>") >= 3 and exercises.count("<summary>") == exercises.count("<details>")
+    assert len(re.findall(r"^- \*\*[^*]+\*\*: \S", found["Key Terms"], flags=re.M)) >= 4
+    readings = [line for line in found["Further Reading"].splitlines() if line.startswith("- ")]
+    assert len(readings) >= 3 and all(re.search(r"\((19|20)\d\d\)", line) for line in readings), readings
+    for heading in ("The Problem", "The Concept", "Build It", "Use It", "Ship It"):
+        assert len(found[heading].split()) >= 8 or any(  # a section says what it is about, or opens with a subsection
+            line.startswith("### ") for line in found[heading].splitlines()), f"{path.name}: {heading} is empty"
+
+
 @pytest.mark.parametrize("path", BANKS, ids=lambda p: p.stem)
 def test_bank_is_valid_and_its_key_is_consistent(path):
     assert validation_problems(json.loads(path.read_text(encoding="utf-8"))) == []
@@ -65,24 +100,84 @@ def test_bank_is_valid_and_its_key_is_consistent(path):
     assert bank.score(bank.answers()) == (len(bank.questions), len(bank.questions))
 
 
+FIGURE = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\d)")  # a decimal figure: 0.73, 4.35, 1.49x, 3.3 TB/s
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+LITERATURE = json.loads((LESSONS_DIR / "literature_figures.json").read_text(encoding="utf-8"))
+
+
+def prose_figures(markdown: str) -> list[str]:
+    """The decimal figures a markdown cell states, outside code spans, fenced code blocks and arXiv identifiers."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    text = re.sub(r"arXiv:\S+", "", re.sub(r"`[^`]*`", "", text))
+    return FIGURE.findall(text)
+
+
+def neighbour_text(cells: list, index: int, reach: int = 3) -> str:
+    """Sources and outputs of the code cells at most `reach` cells away from cell `index`."""
+    parts = []
+    for cell in cells[max(0, index - reach) : index + reach + 1]:
+        if cell.cell_type != "code" or cell.source.startswith("Quiz("):  # a quiz's options prove nothing
+            continue
+        parts.append(cell.source)
+        for output in cell.get("outputs", []):
+            parts.append(output.get("text", ""))
+            parts.extend(v for v in output.get("data", {}).values() if isinstance(v, str))
+    return "\n".join(parts)
+
+
+def shows(text: str, figure: str) -> bool:
+    """True when `text` holds a number that reads as `figure` at the figure's precision (0.650 or 0.6517 -> 0.65)."""
+    decimals = len(figure.split(".")[1])
+    return any(abs(float(n) - float(figure)) <= 0.5 * 10**-decimals + 1e-9 for n in NUMBER.findall(text))
+
+
+def stale_figures(notebook: nbformat.NotebookNode, lesson: str) -> list[str]:
+    """Decimal figures in the lesson's prose that no neighbouring code cell prints or sets (in an EXECUTED notebook),
+    and that `lessons/literature_figures.json` does not list with a source for this lesson."""
+    listed = {entry["figure"] for entry in LITERATURE.get(lesson, [])}
+    stale = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "markdown":
+            continue
+        nearby = neighbour_text(notebook.cells, index)
+        stale += [f"cell {index}: {figure}" for figure in prose_figures(cell.source)
+                  if figure not in listed and not shows(nearby, figure)]
+    return stale
+
+
+def test_prose_figure_check_catches_a_planted_stale_figure():
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("A 16-node tree went from tau 4.35 at T = 1 to 7.48 at T = 0.25 "
+                                      "(`rank_temperature=0.5` is code, not prose)."),
+        nbformat.v4.new_code_cell("run(rank_temperature=0.25)", outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text="rank_temperature 0.25: tau = 7.481\n")]),
+        nbformat.v4.new_markdown_cell("Far from any cell that prints it: 7.48. A datasheet says 3.3 TB/s."),
+    ])
+    notebook.cells += [nbformat.v4.new_markdown_cell("filler") for _ in range(3)]
+    notebook.cells.append(nbformat.v4.new_markdown_cell("tau 7.48 again, far from its cell"))
+    assert stale_figures(notebook, "01_why_decoding_is_slow") == ["cell 0: 4.35", "cell 6: 7.48"]
+    assert prose_figures("```\nx = 0.5\n```\nalpha = 0.8, 1.49x, `0.9`, v1.2.3, arXiv:2302.01318") == ["0.8", "1.49"]
+
+
+def test_literature_figures_name_their_source_and_are_used():
+    lessons = {path.stem: nbformat.read(path, as_version=4) for path in LESSONS}
+    for lesson, entries in LITERATURE.items():
+        cells = lessons[lesson].cells
+        prose = [f for cell in cells if cell.cell_type == "markdown" for f in prose_figures(cell.source)]
+        for entry in entries:
+            assert entry["source"].strip() and re.search(r"\b(19|20)\d\d\b", entry["source"]), entry
+            assert entry["figure"] in prose, f"{lesson}: {entry['figure']} is listed but the lesson never states it"
+
+
 def execute(path: Path) -> tuple[nbformat.NotebookNode, float]:
-    """Run a lesson as a student's kernel would, headless: widgets print static summaries, no network."""
+    """Run a lesson exactly as `jupyter nbconvert --execute` or papermill would: nbclient, the default kernel, the
+    lesson's folder as working directory, this process's environment unchanged (no switch for the course's widgets
+    or threads). The per-cell timeout guards against a hang; it is no speed test."""
     notebook = nbformat.read(path, as_version=4)
-    env = {"SPECDEC_STATIC_WIDGETS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        started = time.perf_counter()
-        NotebookClient(notebook, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(LESSONS_DIR)}}).execute()
-        return notebook, time.perf_counter() - started
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    started = time.perf_counter()
+    NotebookClient(notebook, timeout=CELL_TIMEOUT, kernel_name="python3",
+                   resources={"metadata": {"path": str(LESSONS_DIR)}}).execute()
+    return notebook, time.perf_counter() - started
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -93,6 +188,12 @@ def test_lesson_runs_headless(path, record_property):
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "\n".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "Check yourself" in text  # the quiz printed its static summary
+    assert "torch threads:" in text  # the lesson chose its thread count for the machine's load
+    fallbacks = "\n".join(o["data"]["text/plain"] for o in outputs
+                          if "application/vnd.jupyter.widget-view+json" in o.get("data", {}))
+    # With no front end attached, every widget's display still carries its text, the quiz's included.
+    assert "Check yourself" in fallbacks
+    # Every decimal figure of the prose is printed or set by a code cell next to it (or is a sourced literature one).
+    assert stale_figures(notebook, path.stem) == []
     figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert figures, f"{path.name} shows no plotly figure"

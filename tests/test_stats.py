@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specdec_lab import DecodeStats, DraftModelDrafter, generate
@@ -15,7 +17,9 @@ def test_counters_and_derived_figures_on_a_hand_built_run():
     assert (stats.drafted, stats.accepted, stats.new_tokens) == (15, 7, 12)
     assert stats.mean_accepted_tokens == pytest.approx(12 / 5)
     assert stats.acceptance_rate == pytest.approx(7 / 15)
-    assert stats.per_position_acceptance == pytest.approx([3 / 4, 2 / 4, 1 / 4, 1 / 3])
+    assert stats.per_position_acceptance == pytest.approx([3 / 4, 2 / 4, 1 / 4, 1 / 3])  # survival from the start
+    # Conditional: position 2 was reached by the 3 steps that kept position 1, and 2 of them kept it too.
+    assert stats.conditional_acceptance == pytest.approx([3 / 4, 2 / 3, 1 / 2, 1 / 1])
     assert stats.accepted_histogram == {0: 1, 1: 1, 2: 1, 4: 1}
     summary = stats.summary()
     assert summary["tau"] == 2.4 and summary["acceptance_rate"] == 0.467
@@ -25,7 +29,8 @@ def test_counters_and_derived_figures_on_a_hand_built_run():
 def test_empty_stats_do_not_divide_by_zero():
     stats = DecodeStats()
     assert stats.mean_accepted_tokens == 0.0 and stats.acceptance_rate == 0.0
-    assert stats.per_position_acceptance == [] and stats.tokens_per_second == 0.0
+    assert stats.per_position_acceptance == [] and stats.conditional_acceptance == []
+    assert stats.tokens_per_second == 0.0
 
 
 def test_plain_autoregressive_decoding_has_tau_one(tiny_target, prompts):
@@ -60,8 +65,11 @@ def test_stats_agree_with_the_steps_of_a_mixed_run(tiny_target, tiny_draft, prom
     assert stats.drafted == sum(len(step.draft) for step in steps) and stats.accepted == sum(kept)
     assert stats.accepted_per_step == kept and 0 < stats.acceptance_rate < 1  # some kept, some rejected
     for position, rate in enumerate(stats.per_position_acceptance):
-        reached = [step for step in steps if len(step.draft) > position]
-        assert rate == pytest.approx(sum(step.verdict.accepted > position for step in reached) / len(reached))
+        drafted = [step for step in steps if len(step.draft) > position]
+        assert rate == pytest.approx(sum(step.verdict.accepted > position for step in drafted) / len(drafted))
+        reached = [step for step in drafted if step.verdict.accepted >= position]
+        expected = sum(step.verdict.accepted > position for step in reached) / len(reached) if reached else math.nan
+        assert stats.conditional_acceptance[position] == pytest.approx(expected, nan_ok=True)
     assert stats.mean_accepted_tokens == pytest.approx(stats.new_tokens / stats.target_forwards)
     assert min(stats.draft_seconds, stats.verify_seconds, stats.other_seconds) >= 0
     assert stats.total_seconds >= stats.draft_seconds + stats.verify_seconds - 1e-6

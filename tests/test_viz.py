@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from specdec_lab import theory, viz
+from specdec_lab import DecodeStats, theory, viz
 
 
 def test_pq_bars_show_p_q_and_residual():
@@ -26,9 +26,30 @@ def test_pq_bars_show_p_q_and_residual():
         viz.pq_bars(p, q[:3])
 
 
-def test_acceptance_and_tau_histogram():
-    fig = viz.acceptance_by_position([0.9, 0.8, 0.7], alpha=0.8)
-    assert list(fig.data[0].y) == [0.9, 0.8, 0.7] and list(fig.data[1].y) == [0.8] * 3
+def test_acceptance_by_position_compares_each_reading_with_its_own_prediction():
+    # Steps (drafted, accepted): survival = [3/4, 2/4, 1/4], conditional = [3/4, 2/3, 1/2].
+    stats = DecodeStats()
+    for drafted, accepted in [(3, 2), (3, 3), (3, 0), (3, 1)]:
+        stats.record_step(drafted, accepted)
+    fig = viz.acceptance_by_position(stats.per_position_acceptance, stats.conditional_acceptance, alpha=0.7)
+    traces = {trace.name: trace for trace in fig.data}
+    conditional = traces["measured: accepted at i / reached i"]
+    survival = traces["measured: kept 1..i / steps that drafted i"]
+    assert list(conditional.y) == pytest.approx([3 / 4, 2 / 3, 1 / 2])
+    assert list(survival.y) == pytest.approx([3 / 4, 2 / 4, 1 / 4])
+    # Each reading sits next to its own i.i.d. prediction, on its own panel: a flat alpha for the conditional
+    # acceptance, alpha^i for survival (the old chart drew survival against a flat alpha).
+    flat, power = traces["i.i.d. model: alpha = 0.70"], traces["i.i.d. model: alpha^i"]
+    assert list(flat.y) == pytest.approx([0.7] * 3) and flat.yaxis == conditional.yaxis
+    assert list(power.y) == pytest.approx([0.7, 0.49, 0.343]) and power.yaxis == survival.yaxis
+    assert conditional.xaxis != survival.xaxis
+    panels = [a.text for a in fig.layout.annotations]
+    assert any("given i was reached" in t for t in panels) and any("from the start" in t for t in panels)
+    with pytest.raises(ValueError, match="same positions"):
+        viz.acceptance_by_position([0.5], [])
+
+
+def test_tau_histogram():
     fig = viz.tau_histogram([0, 2, 2, 3], gamma=3, alpha=0.5)
     assert list(fig.data[0].x) == [1, 2, 3, 4] and list(fig.data[0].y) == [0.25, 0.0, 0.5, 0.25]
     assert sum(fig.data[1].y) == pytest.approx(1.0)  # the truncated geometric sums to one

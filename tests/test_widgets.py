@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import ipywidgets as w
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -13,8 +14,8 @@ from specdec_lab import theory
 from specdec_lab.decode import generate
 from specdec_lab.drafters import DraftModelDrafter, PromptLookupDrafter
 from specdec_lab.models import zoo_path
-from specdec_lab.widgets import Quiz, SpeedupExplorer, StepThrough, TreeView, toy_tree, trees_from_records
-from specdec_lab.widgets.base import headless
+from specdec_lab.widgets import Quiz, SpeedupExplorer, StepThrough, TreeView, base, toy_tree, trees_from_records
+from specdec_lab.widgets.base import headless, in_kernel
 from specdec_lab.widgets.quiz import parse_bank, validation_problems
 
 VOCAB = 4096  # the zoo tokenizer's vocabulary, so random models can use it
@@ -39,12 +40,46 @@ def pair(llama_factory):
 
 def test_headless_switch(monkeypatch):
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
-    monkeypatch.delenv("SPECDEC_STATIC_WIDGETS", raising=False)
-    assert not headless()
+    assert not in_kernel() and headless()  # pytest is no Jupyter kernel: summaries are printed
+    monkeypatch.setattr(base, "in_kernel", lambda: True)
+    assert not headless()  # in a kernel: live widget, with its text as the fallback
     assert headless(True)
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     assert headless()
     assert not headless(False)
+
+
+def test_in_a_kernel_one_display_carries_the_widget_and_its_text(monkeypatch):
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.setattr(base, "in_kernel", lambda: True)
+    explorer = SpeedupExplorer(alpha=0.8, gamma=4, c=0.1)
+    assert not explorer.static
+    shown = []
+    monkeypatch.setattr(base, "display", lambda obj, **kwargs: shown.append((obj, kwargs)))
+    explorer.show()
+    [(bundle, kwargs)] = shown
+    # A front end that draws widgets picks the view; nbconvert / papermill store the text, which viewers show.
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.ui.model_id
+    assert bundle["text/plain"] == explorer.summary() and kwargs == {"raw": True}
+
+
+def test_figures_reach_their_output_widget_as_state_never_by_capture(monkeypatch):
+    # Capturing a display into an Output widget makes the front end (or nbclient) send the outputs back to the
+    # kernel on the shell channel, which can leave nbclient waiting for a reply until its timeout. Forbid it.
+    def no_capture(self):
+        raise AssertionError("a display was captured into an Output widget")
+
+    monkeypatch.setattr(w.Output, "__enter__", no_capture)
+    monkeypatch.setattr(w.Output, "clear_output", lambda self, *a, **k: no_capture(self))
+    monkeypatch.setattr(base, "in_kernel", lambda: True)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    explorer = SpeedupExplorer(alpha=0.8, gamma=4, c=0.1)
+    explorer.alpha.value = 0.6  # a slider move redraws the figure
+    [shown] = explorer.plot.outputs
+    assert shown["output_type"] == "display_data"
+    assert shown["data"]["application/vnd.plotly.v1+json"]["data"][-1]["x"] == [0.6]  # the "you are here" marker
+    view = TreeView([(toy_tree([5, 6, 7], [-1, 0, 0]), [0, 2])], decode=lambda ids: " ".join(map(str, ids)))
+    assert len(view.plot.outputs) == 1
 
 
 def test_explorer_follows_its_sliders(capsys):

@@ -2,9 +2,11 @@
 
 The target's own lm_head, applied to its final hidden state h_t, predicts token t + 1 (the root of the next
 draft, already sampled by the loop). Medusa adds K small heads on the same h_t: head k (k = 1..K) predicts
-token t + 1 + k. Medusa-1 heads are one residual block each, feeding the target's frozen lm_head:
+token t + 1 + k. In the paper each Medusa-1 head is a residual block followed by its own trained projection onto
+the vocabulary (initialised from the lm_head). This course simplifies: the heads train only the residual block and
+share the target's frozen lm_head:
 
-    logits_k = lm_head(h + SiLU(W_k h + b_k))
+    logits_k = lm_head(h + SiLU(W_k h + b_k))       # the paper: W2_k (h + SiLU(W1_k h + b_k)), W2_k per head
 
 With W_k = 0 at initialisation every head starts as a copy of the target's next-token prediction. The
 heads' top choices form a tree (depth k holds head k's candidates, `specdec_lab.tree.sparse_tree` picks

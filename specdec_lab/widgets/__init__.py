@@ -1,7 +1,8 @@
 """Interactive widgets for the lessons (ipywidgets 8): step-through, speedup explorer, draft tree view, quiz.
 
 Each keeps its state in plain Python attributes, so tests and graded labs drive it by setting a control's
-`.value`; headless (nbgrader, or `static=True`) displaying one prints a text summary instead.
+`.value`. In a kernel, displaying one shows the live widget with its text summary as the fallback (what nbconvert
+and papermill store); headless (outside a kernel, under nbgrader, or `static=True`) it prints the summary.
 """
 
 from specdec_lab.widgets.base import CourseWidget, headless

@@ -1,0 +1,45 @@
+"""The machine checks the lessons run first: a thread count that keeps off busy cores, and an honest word when the
+machine is too loaded for its timings to be read like the model card's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec_lab import machine
+
+
+def test_threads_leave_busy_cores_alone():
+    assert machine.threads_for(2, 0.3) == 2  # quiet: every core
+    assert machine.threads_for(2, 1.2) == 1  # one core busy elsewhere
+    assert machine.threads_for(2, 6.0) == 1  # never fewer than one
+    assert machine.threads_for(8, 2.6) == 5
+    assert machine.threads_for(4, None) == 4  # no load figure: assume a quiet machine
+    with pytest.raises(ValueError, match="at least 1"):
+        machine.threads_for(0, 0.0)
+
+
+def test_a_slow_forward_or_a_full_machine_is_called_loaded():
+    quiet = machine.SpeedCheck(measured_ms=7.0, card_ms=6.6, threads=2, card_threads=2, load=0.4, cores=2)
+    assert not quiet.loaded and "quiet" in quiet.report() and "LOADED" not in quiet.report()
+    slow = machine.SpeedCheck(measured_ms=181.0, card_ms=6.6, threads=1, card_threads=2, load=0.9, cores=2)
+    assert slow.slowdown == pytest.approx(181 / 6.6) and slow.loaded
+    assert "LOADED" in slow.report() and "below 1x" in slow.report() and "27.4x" in slow.report()
+    full = machine.SpeedCheck(measured_ms=6.8, card_ms=6.6, threads=1, card_threads=2, load=3.0, cores=2)
+    assert full.loaded  # every core busy: the next timing may meet the load even if this one did not
+
+
+def test_card_figures_come_from_the_zoo(tmp_path):
+    assert machine.card_figures()["target_forward_ms"] > 0  # the shipped zoo's card
+    (tmp_path / "training.json").write_text(json.dumps({"target": {}}))
+    with pytest.raises(ValueError, match="no evaluation"):
+        machine.card_figures(tmp_path)
+
+
+def test_check_speed_times_a_forward_and_reads_the_card(tiny_target, tmp_path, capsys):
+    (tmp_path / "training.json").write_text(json.dumps({"evaluation": {"target_forward_ms": 1e-3, "threads": 2}}))
+    check = machine.check_speed(tiny_target, zoo_dir=tmp_path, repeats=3)
+    assert check.measured_ms > 0 and check.card_ms == 1e-3 and check.card_threads == 2
+    assert check.loaded  # any real forward is far slower than a microsecond
+    assert "LOADED" in capsys.readouterr().out
