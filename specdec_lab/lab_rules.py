@@ -113,7 +113,12 @@ def watch(shell=None, provided: set[str] | None = None) -> None:
     names = set(provided) if provided is not None else {
         name for name, value in shell.user_ns.items() if callable(value) and not name.startswith("_")}
 
+    armed = []  # the first call reports the cell that called watch() (the lab's own setup): skip it
+
     def after(result) -> None:
+        if not armed:
+            armed.append(True)
+            return
         source = getattr(result.info, "raw_cell", "") or ""
         for warning in check_cell(shell.transform_cell(source), names):
             print(f"lab rules, line {warning.line}: {warning.message}")

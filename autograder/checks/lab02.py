@@ -157,8 +157,8 @@ def eos_inputs(generator: torch.Generator, ref: dict) -> dict:
     context = random_context(generator)
     reference = greedy_reference(ref["target"], context, 24)
     stop = max(i for i in range(24) if reference[i] not in reference[:i])  # the last first-appearance
-    return {"reference": reference, "stop": stop, **other_draft(generator), "cases": [
-        {"prompt": context, "max_new_tokens": 9, "k": 4},
+    return {"reference": reference, "stop": stop, "cases": [  # rollback with a rejected draft; EOS mid-step
+        {"prompt": context, "max_new_tokens": 9, "k": 4, **other_draft(generator)},
         {"prompt": context, "max_new_tokens": 24, "k": 4, "eos": reference[stop]}]}
 
 
@@ -243,8 +243,8 @@ CHECKS = {
     "test_generate": Check("generate", generate_visible_inputs, judge_generate_visible,
                            "generate on the visible cases (12 greedy tokens, and an EOS)"),
     "test_generate_eos_hidden": Check("generate", eos_inputs, judge_eos,
-                                      "generate returns exactly max_new_tokens tokens and stops after EOS (with a "
-                                      "draft the target often rejects)"),
+                                      "generate with a draft the target often rejects, and stopping after an "
+                                      "EOS in the middle of a step"),
     "test_formulas": Check("formulas", fixed({"cases": [{"alpha": 0.5, "k": 3, "c": 0.25},
                                                         {"alpha": 1.0, "k": 4, "c": 0.25}]}),
                            judge_formulas_visible, "the formulas on the visible cases"),

@@ -71,17 +71,19 @@ def first_tokens(ns: dict, inputs: dict) -> dict:
 
 
 def generate(ns: dict, inputs: dict) -> list:
-    """The student's generate on each case; with "draft_seed", `start` drafts with a model that differs from
-    the target (the lab's `draft_model` name is pointed at it for the duration)."""
-    f = get(ns, "generate")
-    original = ns.get("draft_model")
-    if "draft_seed" in inputs:
-        ns["draft_model"] = other_draft(ns, inputs)
-    try:
-        return [call(f, list(c["prompt"]), c["max_new_tokens"], k=c["k"], **({"eos": c["eos"]} if "eos" in c else {}))
-                for c in inputs["cases"]]
-    finally:
-        ns["draft_model"] = original
+    """The student's generate on each case; a case with "draft_seed" drafts with a model that differs from the
+    target (the lab's `draft_model` name, which `start` reads, is pointed at it for that call)."""
+    f, original = get(ns, "generate"), ns.get("draft_model")
+    answers = []
+    for case in inputs["cases"]:
+        if "draft_seed" in case:
+            ns["draft_model"] = other_draft(ns, case)
+        try:
+            answers.append(call(f, list(case["prompt"]), case["max_new_tokens"], k=case["k"],
+                                **({"eos": case["eos"]} if "eos" in case else {})))
+        finally:
+            ns["draft_model"] = original
+    return answers
 
 
 def formulas(ns: dict, inputs: dict) -> dict:
