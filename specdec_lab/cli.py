@@ -149,7 +149,8 @@ def cmd_bench(args) -> None:
     from specdec_lab.bench import BenchConfig, run_benchmark
 
     config = BenchConfig(methods=args.methods.split(",") if args.methods else None, k=args.k,
-                         lookup_k=args.lookup_k, tree_tokens=args.tree_tokens, temperature=args.temperature,
+                         lookup_k=args.lookup_k, tree_tokens=args.tree_tokens, adaptive_k=args.adaptive_k,
+                         min_confidence=args.min_confidence, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p,
                          prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          warmup=args.warmup, threads=args.threads, seed=args.seed,
@@ -220,12 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="Hugging Face generate vs every method, side by side, on held-out prompts")
     bench.add_argument("--methods", help="comma-separated subset, e.g. plain,draft,hf-assisted (default: all that "
-                       "exist: hf-generate plain hf-assisted draft hf-lookup lookup medusa medusa-typical eagle "
-                       "eagle-tree eagle3-tree lookahead; the hf-generate baseline always runs)")
+                       "exist: hf-generate plain hf-assisted draft draft-adaptive hf-lookup lookup medusa "
+                       "medusa-typical eagle eagle-adaptive eagle-tree eagle-tree-top eagle3-tree lookahead; "
+                       "the hf-generate baseline always runs)")
     bench.add_argument("--k", type=int, default=4, help="tokens drafted per step by draft models (default: 4)")
     bench.add_argument("--lookup-k", type=int, default=10, help="most tokens drafted by prompt lookup (default: 10)")
     bench.add_argument("--tree-tokens", type=int, default=16,
                        help="nodes per EAGLE-2 tree, its verification budget (default: 16)")
+    bench.add_argument("--adaptive-k", type=int, default=8,
+                       help="most tokens an adaptive draft (draft-adaptive, eagle-adaptive) may reach (default: 8)")
+    bench.add_argument("--min-confidence", type=float, default=0.5,
+                       help="adaptive drafts stop before a token whose largest draft probability is below this "
+                       "(default: 0.5)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     bench.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
     bench.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")

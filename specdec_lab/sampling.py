@@ -82,6 +82,18 @@ def draw(logits: torch.Tensor, config: SamplingConfig,
     return sample(q, generator), q
 
 
+def confidence(logits: torch.Tensor, config: SamplingConfig) -> float:
+    """A drafter's confidence in its next token: the largest probability of its distribution at one position.
+
+    logits: the drafter's raw scores (V,); config: the run's sampling settings. When sampling, the processed
+    q (what the token will be drawn from); when greedy, softmax(logits), since the processed q is one-hot
+    there. Used to stop drafting early (adaptive draft length): the value depends on q alone, never on the
+    target, so a stopping rule built on it leaves verification lossless.
+    """
+    probs = torch.softmax(logits.float(), -1) if config.greedy else process_logits(logits, config)
+    return float(probs.max())
+
+
 def sample_without_replacement(q: torch.Tensor, count: int,
                                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw up to `count` distinct tokens from `q` in order, each from q with the earlier ones removed.

@@ -250,16 +250,19 @@ def sample_counts(world, drafter_class, settings, sampling: str, samples: int) -
 
 
 SAMPLING_MODES = {"chain": dict(mode="chain", depth=2),
+                  "adaptive-chain": dict(mode="chain", depth=2, min_confidence=0.3),
                   "sampled-tree": dict(mode="tree", depth=2, top_k=3, total_tokens=6),
                   "top-tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4, children="top"),
                   "sharp-top-tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4, rank_temperature=0.25,
                                          children="top")}
-BROKEN = {"chain": ArgmaxChainClaimingQ, "sampled-tree": SampledTreeDroppingUnlikelySiblings,
-          "top-tree": TreeClaimingUniformQ, "sharp-top-tree": TreeClaimingUniformQ}
+BROKEN = {"chain": ArgmaxChainClaimingQ, "adaptive-chain": ArgmaxChainClaimingQ,
+          "sampled-tree": SampledTreeDroppingUnlikelySiblings, "top-tree": TreeClaimingUniformQ,
+          "sharp-top-tree": TreeClaimingUniformQ}
 
 
 # Sampled trees under both settings; the chain and the point-mass trees (unchanged code) under top-k only.
 CASES = [("sampled-tree", "T=1"), ("sampled-tree", "T=0.7,top-k=3"), ("chain", "T=0.7,top-k=3"),
+         ("adaptive-chain", "T=1"),
          ("top-tree", "T=0.7,top-k=3"), ("sharp-top-tree", "T=0.7,top-k=3")]
 
 

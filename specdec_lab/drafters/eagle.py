@@ -18,7 +18,9 @@ loop already returns it, so no forward hook is needed.
 
 Modes of `EagleDrafter`:
 
-- "chain" (EAGLE-1): `depth` tokens, one per step, verified by the chain rules (sampled tokens carry q).
+- "chain" (EAGLE-1): `depth` tokens, one per step, verified by the chain rules (sampled tokens carry q);
+  with `min_confidence`, the chain stops early before a token the head is unsure of (adaptive length,
+  lossless because the decision depends on q alone, as for `DraftModelDrafter`).
 - "tree" (EAGLE-2): a dynamic tree. Depth 1 holds the `top_k` most likely tokens; at every further depth
   the `top_k` newest nodes with the highest cumulative log-probability are expanded (one batched head
   forward with a tree mask over the head's cache), each into its `top_k` most likely children. Finally all
@@ -50,7 +52,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specdec_lab.cache import new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import SamplingConfig, draw, process_logits, sample_without_replacement
+from specdec_lab.drafters.draft_model import check_confidence
+from specdec_lab.sampling import SamplingConfig, confidence, draw, process_logits, sample_without_replacement
 from specdec_lab.tree import sampled_tree_shape
 
 MODES = ("chain", "tree")
@@ -260,6 +263,8 @@ class EagleDrafter(Drafter):
     sharpens the ranking toward each node's top child. It changes which nodes are verified, never what is
     accepted, so greedy output and losslessness do not depend on it.
 
+    min_confidence: chain mode only: None (always `depth` tokens) or a threshold in (0, 1): stop before a
+    token whose largest head probability is below it (at least one token is drafted).
     children: how a tree is built when sampling (greedy runs always build EAGLE-2's tree): "sampled" (the
     default) draws each node's children from the head's processed q without replacement into a shape fixed
     in advance (`specdec_lab.tree.sampled_tree_shape` with `total_tokens` nodes, `depth` levels, at most
@@ -294,7 +299,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead, mode: str = "chain", depth: int = 5, top_k: int = 8,
                  total_tokens: int = 32, rank_temperature: float | None = None, children: str = "sampled",
-                 alpha: float = 0.6):
+                 alpha: float = 0.6, min_confidence: float | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if children not in CHILDREN:
@@ -312,8 +317,12 @@ class EagleDrafter(Drafter):
         self.top_k = top_k
         self.total_tokens = total_tokens
         self.rank_temperature = rank_temperature
+        check_confidence(min_confidence)
+        if min_confidence is not None and mode != "chain":
+            raise ValueError("min_confidence (adaptive draft length) applies to chain mode only")
         self.children = children
         self.alpha = alpha
+        self.min_confidence = min_confidence
         self._shapes: dict[int, tuple[list[tuple[int, ...]], dict[tuple[int, ...], int]]] = {}
         self.cache: DynamicCache | None = None
         self.committed = 0  # head positions fed with the target's true features
@@ -364,6 +373,8 @@ class EagleDrafter(Drafter):
         feature, logits = self.last_feature, self.last_logits
         tokens, probs = [], []
         for i in range(k):
+            if i and self.min_confidence is not None and confidence(logits, state.sampling) < self.min_confidence:
+                break  # the head is unsure of this token: verify what we have (decided from q alone)
             token, q = draw(logits, state.sampling, state.generator)
             if q is not None:
                 probs.append(q)
