@@ -58,6 +58,8 @@ class BenchConfig:
     prompt-lookup methods; tree_tokens: nodes of the EAGLE-2 trees (their verification budget);
     adaptive_k / min_confidence: the "-adaptive" methods draft up to adaptive_k tokens and stop before a
     token whose largest draft probability is below min_confidence (compare them with the fixed-k methods);
+    tuned: a `specdec tune` profile (path) whose choices replace k (draft, eagle), adaptive_k (eagle-adaptive)
+    and the tree settings (eagle trees) for this temperature;
     temperature / top_k / top_p: sampling (temperature 0 = greedy); prompts: prompts per set; max_new_tokens:
     tokens per prompt; repeats: timed passes (median reported); warmup: untimed passes over the first prompt;
     threads: torch CPU threads (pinned); seed: base seed (prompt i uses seed + i); prompt_sets: which sets to
@@ -71,6 +73,7 @@ class BenchConfig:
     tree_tokens: int = 16
     adaptive_k: int = 8
     min_confidence: float = 0.5
+    tuned: str | None = None
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
@@ -414,13 +417,27 @@ def make_eagle(mode: str) -> Callable:
         head = EagleHead.load(path, context.pair.target)
         config = context.config
         if mode == "chain":
-            return drafter_class(head, mode="chain", depth=config.k)
+            depth = tuned(config, "eagle").get("depth", config.k)
+            return drafter_class(head, mode="chain", depth=depth)
         if mode == "adaptive":
-            return drafter_class(head, mode="chain", depth=config.adaptive_k, min_confidence=config.min_confidence)
+            depth = tuned(config, "eagle").get("depth", config.adaptive_k)
+            return drafter_class(head, mode="chain", depth=depth, min_confidence=config.min_confidence)
         children = "top" if mode == "tree-top" else "sampled"
-        return drafter_class(head, mode="tree", total_tokens=config.tree_tokens, children=children)
+        settings = {"total_tokens": config.tree_tokens} | tuned(config, "eagle-tree")
+        if children == "top":
+            settings.pop("alpha", None)
+        return drafter_class(head, mode="tree", children=children, **settings)
 
     return make
+
+
+def tuned(config: BenchConfig, method: str) -> dict:
+    """The profile's drafter settings for `method` at the run's temperature ({} without a profile)."""
+    if config.tuned is None:
+        return {}
+    from specdec_lab.tune import tuned_settings
+
+    return tuned_settings(config.tuned, method, config.temperature)
 
 
 def make_lookahead(drafter_class, path: Path | None, context: BenchContext):
@@ -437,7 +454,9 @@ def all_methods() -> list[Method]:
         Method("hf-assisted", "HF assisted generation, draft model, k fixed", "hf", "chain", build_hf_assisted,
                draft_model=True),
         Method("draft", "ours, draft model (Leviathan / Chen)", "ours", "chain",
-               lambda c: ours_runner(c, DraftModelDrafter(need_draft(c), k=c.config.k)), draft_model=True),
+               lambda c: ours_runner(c, DraftModelDrafter(need_draft(c),
+                                                          k=tuned(c.config, "draft").get("k", c.config.k))),
+               draft_model=True),
         Method("draft-adaptive", "ours, draft model, adaptive k (stops when unsure)", "ours", "chain",
                lambda c: ours_runner(c, DraftModelDrafter(need_draft(c), k=c.config.adaptive_k,
                                                           min_confidence=c.config.min_confidence))),
@@ -647,6 +666,8 @@ def efficiency(record: MethodRecord, row: dict, reference: MethodRecord | None, 
              "predicted_speedup_costed": None, "efficiency_costed": None}
     if not record.method.draft_model or reference is None or costs.get("c") is None:
         return empty
+    if config.tuned is not None and record.method.family == "ours":
+        return empty  # its k came from the profile, not config.k, which the measured costs were timed at
     k, c = config.k, costs["c"]
     tau = min(max(row["tau"], 1.0), k + 1.0)
     alpha = alpha_from_tau(tau, k)
@@ -743,7 +764,7 @@ def summarise_set(records: dict[str, MethodRecord], prompts: list[Prompt], confi
 def settings_dict(config: BenchConfig) -> dict:
     """The settings as recorded in the output (the progress flag is not a setting of the measurement)."""
     keys = ("k", "lookup_k", "lookup_ngram", "tree_tokens", "adaptive_k", "min_confidence", "temperature", "top_k",
-            "top_p", "prompts",
+            "top_p", "tuned", "prompts",
             "max_new_tokens", "repeats", "warmup", "threads", "seed")
     return {key: getattr(config, key) for key in keys} | {"baseline": BASELINE}
 
