@@ -56,6 +56,10 @@ class BenchConfig:
     methods: method names to run (None = every available one; the baseline always runs); k: tokens drafted
     per step by the draft-model methods; lookup_k / lookup_ngram: draft length and longest n-gram of the
     prompt-lookup methods; tree_tokens: nodes of the EAGLE-2 trees (their verification budget);
+    adaptive_k / min_confidence: the "-adaptive" methods draft up to adaptive_k tokens and stop before a
+    token whose largest draft probability is below min_confidence (compare them with the fixed-k methods);
+    tuned: a `specdec tune` profile (path) whose choices replace k (draft, eagle), adaptive_k (eagle-adaptive)
+    and the tree settings (eagle trees) for this temperature;
     temperature / top_k / top_p: sampling (temperature 0 = greedy); prompts: prompts per set; max_new_tokens:
     tokens per prompt; repeats: timed passes (median reported); warmup: untimed passes over the first prompt;
     threads: torch CPU threads (pinned); seed: base seed (prompt i uses seed + i); prompt_sets: which sets to
@@ -67,6 +71,9 @@ class BenchConfig:
     lookup_k: int = 10
     lookup_ngram: int = 3
     tree_tokens: int = 16
+    adaptive_k: int = 8
+    min_confidence: float = 0.5
+    tuned: str | None = None
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
@@ -83,8 +90,10 @@ class BenchConfig:
 
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot work."""
-        for name in ("k", "lookup_k", "lookup_ngram", "tree_tokens", "prompts", "max_new_tokens", "repeats",
-                     "threads"):
+        if not 0 < self.min_confidence < 1:
+            raise ValueError(f"min_confidence must lie in (0, 1), got {self.min_confidence!r}")
+        for name in ("k", "lookup_k", "lookup_ngram", "tree_tokens", "adaptive_k", "prompts", "max_new_tokens",
+                     "repeats", "threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -398,18 +407,37 @@ def make_medusa(acceptance: str) -> Callable:
 
 
 def make_eagle(mode: str) -> Callable:
-    """EAGLE heads load with `EagleHead.load(folder, target)`; chains draft k tokens, trees keep `tree_tokens`
-    nodes (depth and top-k at the drafter's defaults)."""
+    """EAGLE heads load with `EagleHead.load(folder, target)`; chains draft k tokens ("adaptive": up to
+    adaptive_k, stopping at min_confidence), trees keep `tree_tokens` nodes (depth and top-k at the drafter's
+    defaults; when sampling, "tree" draws the children, "tree-top" keeps EAGLE-2's top-k children)."""
 
     def make(drafter_class, path: Path, context: BenchContext):
         from specdec_lab.drafters.eagle import EagleHead
 
         head = EagleHead.load(path, context.pair.target)
+        config = context.config
         if mode == "chain":
-            return drafter_class(head, mode="chain", depth=context.config.k)
-        return drafter_class(head, mode="tree", total_tokens=context.config.tree_tokens)
+            depth = tuned(config, "eagle").get("depth", config.k)
+            return drafter_class(head, mode="chain", depth=depth)
+        if mode == "adaptive":
+            depth = tuned(config, "eagle").get("depth", config.adaptive_k)
+            return drafter_class(head, mode="chain", depth=depth, min_confidence=config.min_confidence)
+        children = "top" if mode == "tree-top" else "sampled"
+        settings = {"total_tokens": config.tree_tokens} | tuned(config, "eagle-tree")
+        if children == "top":
+            settings.pop("alpha", None)
+        return drafter_class(head, mode="tree", children=children, **settings)
 
     return make
+
+
+def tuned(config: BenchConfig, method: str) -> dict:
+    """The profile's drafter settings for `method` at the run's temperature ({} without a profile)."""
+    if config.tuned is None:
+        return {}
+    from specdec_lab.tune import tuned_settings
+
+    return tuned_settings(config.tuned, method, config.temperature)
 
 
 def make_lookahead(drafter_class, path: Path | None, context: BenchContext):
@@ -426,7 +454,12 @@ def all_methods() -> list[Method]:
         Method("hf-assisted", "HF assisted generation, draft model, k fixed", "hf", "chain", build_hf_assisted,
                draft_model=True),
         Method("draft", "ours, draft model (Leviathan / Chen)", "ours", "chain",
-               lambda c: ours_runner(c, DraftModelDrafter(need_draft(c), k=c.config.k)), draft_model=True),
+               lambda c: ours_runner(c, DraftModelDrafter(need_draft(c),
+                                                          k=tuned(c.config, "draft").get("k", c.config.k))),
+               draft_model=True),
+        Method("draft-adaptive", "ours, draft model, adaptive k (stops when unsure)", "ours", "chain",
+               lambda c: ours_runner(c, DraftModelDrafter(need_draft(c), k=c.config.adaptive_k,
+                                                          min_confidence=c.config.min_confidence))),
         Method("hf-lookup", "HF prompt lookup", "hf", "lookup", build_hf_lookup),
         Method("lookup", "ours, prompt lookup", "ours", "lookup",
                lambda c: ours_runner(c, PromptLookupDrafter(c.config.lookup_ngram, c.config.lookup_k))),
@@ -436,8 +469,12 @@ def all_methods() -> list[Method]:
                optional_drafter(medusa, "MedusaDrafter", "medusa", make_medusa("typical")), lossless=False),
         Method("eagle", "ours, EAGLE-1 head, chain of k", "ours", "chain",
                optional_drafter(eagle, "EagleDrafter", "eagle", make_eagle("chain"))),
-        Method("eagle-tree", "ours, EAGLE-2 dynamic tree", "ours", "tree",
+        Method("eagle-adaptive", "ours, EAGLE-1 head, adaptive chain (stops when unsure)", "ours", "chain",
+               optional_drafter(eagle, "EagleDrafter", "eagle", make_eagle("adaptive"))),
+        Method("eagle-tree", "ours, EAGLE-2 tree (sampled children when sampling)", "ours", "tree",
                optional_drafter(eagle, "EagleDrafter", "eagle", make_eagle("tree"))),
+        Method("eagle-tree-top", "ours, EAGLE-2 tree, top-k children also when sampling", "ours", "tree",
+               optional_drafter(eagle, "EagleDrafter", "eagle", make_eagle("tree-top"))),
         Method("eagle3-tree", "ours, EAGLE-3 fused features, dynamic tree", "ours", "tree",
                optional_drafter(eagle, "EagleDrafter", "eagle3", make_eagle("tree"))),
         Method("lookahead", "ours, lookahead (Jacobi window + n-gram pool)", "ours", "tree",
@@ -631,6 +668,8 @@ def efficiency(record: MethodRecord, row: dict, reference: MethodRecord | None, 
              "predicted_speedup_costed": None, "efficiency_costed": None}
     if not record.method.draft_model or reference is None or costs.get("c") is None:
         return empty
+    if config.tuned is not None and record.method.family == "ours":
+        return empty  # its k came from the profile, not config.k, which the measured costs were timed at
     k, c = config.k, costs["c"]
     tau = min(max(row["tau"], 1.0), k + 1.0)
     alpha = alpha_from_tau(tau, k)
@@ -726,7 +765,8 @@ def summarise_set(records: dict[str, MethodRecord], prompts: list[Prompt], confi
 
 def settings_dict(config: BenchConfig) -> dict:
     """The settings as recorded in the output (the progress flag is not a setting of the measurement)."""
-    keys = ("k", "lookup_k", "lookup_ngram", "tree_tokens", "temperature", "top_k", "top_p", "prompts",
+    keys = ("k", "lookup_k", "lookup_ngram", "tree_tokens", "adaptive_k", "min_confidence", "temperature", "top_k",
+            "top_p", "tuned", "prompts",
             "max_new_tokens", "repeats", "warmup", "threads", "seed")
     return {key: getattr(config, key) for key in keys} | {"baseline": BASELINE}
 

@@ -3,6 +3,7 @@
     specdec generate "def add(a, b):" --method draft --k 4
     specdec demo
     specdec train all
+    specdec tune --out profile.json          # then: specdec generate ... --tuned profile.json
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def cmd_generate(args) -> None:
     try:
         out = sd.generate(pair.target, ids, drafter=build_drafter(args.method, pair, args.k),
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    except ValueError as error:
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, tuned=args.tuned)
+    except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
     print(args.prompt + pair.tokenizer.decode(out.tokens))
     print("---")
@@ -149,7 +150,8 @@ def cmd_bench(args) -> None:
     from specdec_lab.bench import BenchConfig, run_benchmark
 
     config = BenchConfig(methods=args.methods.split(",") if args.methods else None, k=args.k,
-                         lookup_k=args.lookup_k, tree_tokens=args.tree_tokens, temperature=args.temperature,
+                         lookup_k=args.lookup_k, tree_tokens=args.tree_tokens, adaptive_k=args.adaptive_k,
+                         min_confidence=args.min_confidence, tuned=args.tuned, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p,
                          prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          warmup=args.warmup, threads=args.threads, seed=args.seed,
@@ -163,6 +165,24 @@ def cmd_bench(args) -> None:
         print(f"wrote {report.write_json(result, args.json)}")
     if args.html:
         print(f"wrote {report.write_html(result, args.html)}")
+
+
+def cmd_tune(args) -> None:
+    import json
+
+    from specdec_lab.tune import tune
+
+    try:
+        pair = load_for_cli(args) if args.target or args.draft else None
+        temperatures = [float(t) for t in args.temperatures.split(",")]
+        profile = tune(pair, prompts=args.prompts, max_new_tokens=args.max_new_tokens, temperatures=temperatures,
+                       threads=args.threads)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+    with open(args.out, "w") as handle:
+        handle.write(json.dumps(profile, indent=1) + "\n")
+    print(f"wrote {args.out} (measured on: {profile['device']['cpu']}, {profile['device']['device']}, "
+          f"{profile['device']['torch_threads']} threads)")
 
 
 def cmd_export(args) -> None:
@@ -198,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
     gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: 0)")
+    gen.add_argument("--tuned", metavar="PROFILE", help="take the draft length / tree budget from a `specdec tune` "
+                     "profile (methods draft and eagle)")
     add_model_options(gen)
     gen.set_defaults(func=cmd_generate)
 
@@ -220,12 +242,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="Hugging Face generate vs every method, side by side, on held-out prompts")
     bench.add_argument("--methods", help="comma-separated subset, e.g. plain,draft,hf-assisted (default: all that "
-                       "exist: hf-generate plain hf-assisted draft hf-lookup lookup medusa medusa-typical eagle "
-                       "eagle-tree eagle3-tree lookahead; the hf-generate baseline always runs)")
+                       "exist: hf-generate plain hf-assisted draft draft-adaptive hf-lookup lookup medusa "
+                       "medusa-typical eagle eagle-adaptive eagle-tree eagle-tree-top eagle3-tree lookahead; "
+                       "the hf-generate baseline always runs)")
     bench.add_argument("--k", type=int, default=4, help="tokens drafted per step by draft models (default: 4)")
     bench.add_argument("--lookup-k", type=int, default=10, help="most tokens drafted by prompt lookup (default: 10)")
     bench.add_argument("--tree-tokens", type=int, default=16,
                        help="nodes per EAGLE-2 tree, its verification budget (default: 16)")
+    bench.add_argument("--adaptive-k", type=int, default=8,
+                       help="most tokens an adaptive draft (draft-adaptive, eagle-adaptive) may reach (default: 8)")
+    bench.add_argument("--min-confidence", type=float, default=0.5,
+                       help="adaptive drafts stop before a token whose largest draft probability is below this "
+                       "(default: 0.5)")
+    bench.add_argument("--tuned", metavar="PROFILE", help="a `specdec tune` profile: draft, eagle, eagle-adaptive "
+                       "(its longest chain) and the eagle trees take their settings from it")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     bench.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
     bench.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
@@ -241,6 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with charts")
     add_model_options(bench)
     bench.set_defaults(func=cmd_bench)
+
+    tune = sub.add_parser("tune", help="measure this device's cost curve and acceptance; choose k and the tree "
+                          "budget that maximise predicted tokens/s; write a JSON profile")
+    tune.add_argument("--out", default="specdec-profile.json", help="profile to write (default: specdec-profile.json)")
+    tune.add_argument("--prompts", type=int, default=3, help="training-split calibration prompts (default: 3)")
+    tune.add_argument("--max-new-tokens", type=int, default=32, help="tokens per calibration prompt (default: 32)")
+    tune.add_argument("--temperatures", default="0,1",
+                      help="comma-separated temperatures to choose for: 0 = greedy, one > 0 = sampled (default: 0,1)")
+    tune.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    add_model_options(tune)
+    tune.set_defaults(func=cmd_tune)
 
     export = sub.add_parser("export", help="turn a completed lab notebook into a project folder: module, "
                             "benchmark against the reference, HTML report, README")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -284,6 +285,7 @@ def generate(
     seed: int = 0,
     eos_token_id: int | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
+    tuned: str | Path | dict | None = None,
 ) -> GenerationOutput:
     """Generate up to `max_new_tokens` tokens after `input_ids` with `target`, speculatively if given a drafter.
 
@@ -291,11 +293,19 @@ def generate(
     autoregressive decoding); temperature / top_k / top_p: sampling settings applied to target and draft
     alike (temperature 0 = greedy); seed: seeds the run's only random generator; eos_token_id: stop after
     emitting this id (None = the model's own EOS); on_step: called with a `StepRecord` after every
-    verification step (for visualisations). The output is distributed exactly as target-only sampling,
+    verification step (for visualisations); tuned: a profile written by `specdec tune` (path or dict): the
+    drafter's draft length or tree budget is set from it for this run's temperature (a draft-model or EAGLE
+    drafter; the drafter is changed in place). The output is distributed exactly as target-only sampling,
     unless the drafter explicitly asks for a LOSSY rule (Medusa's typical acceptance,
     `MedusaDrafter(acceptance="typical")`), whose output is not.
     """
     run = RunSetup.check(target, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    if tuned is not None:
+        if drafter is None:
+            raise ValueError("a tuned profile sets a drafter's settings: pass a drafter with it")
+        from specdec_lab.tune import apply_profile
+
+        apply_profile(drafter, tuned, temperature)
     sampling, prompt, eos, budget, device = run.sampling, run.prompt, run.eos, run.budget, run.device
     stats = DecodeStats()
     clock = Clock(stats, device)

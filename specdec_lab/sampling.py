@@ -82,6 +82,46 @@ def draw(logits: torch.Tensor, config: SamplingConfig,
     return sample(q, generator), q
 
 
+def confidence(logits: torch.Tensor, config: SamplingConfig) -> float:
+    """A drafter's confidence in its next token: the largest probability of its distribution at one position.
+
+    logits: the drafter's raw scores (V,); config: the run's sampling settings. When sampling, the processed
+    q (what the token will be drawn from); when greedy, softmax(logits), since the processed q is one-hot
+    there. Used to stop drafting early (adaptive draft length): the value depends on q alone, never on the
+    target, so a stopping rule built on it leaves verification lossless.
+    """
+    probs = torch.softmax(logits.float(), -1) if config.greedy else process_logits(logits, config)
+    return float(probs.max())
+
+
+def sample_without_replacement(q: torch.Tensor, count: int,
+                               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw up to `count` distinct tokens from `q` in order, each from q with the earlier ones removed.
+
+    Gumbel-top-k: adding independent Gumbel(0, 1) noise to log q and taking the `count` largest entries
+    gives the same ordered sample as drawing one token from q, removing it, renormalising and repeating
+    (Kool et al. 2019; Vieira's "Gumbel-max trick"). The noise comes from `generator`, so runs are seeded.
+
+    q: (V,) a processed distribution; count: how many tokens are wanted (capped at the number of tokens
+    with q > 0: top-k / top-p may leave fewer); generator: the run's random source. Returns (tokens (m,),
+    conditionals (m, V)): conditionals[r] is q with tokens[:r] removed and renormalised, the distribution
+    token r was drawn from given its earlier siblings, which `verify.verify_tree_rejection` needs.
+    """
+    if not isinstance(count, int) or count < 0:
+        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+    count = min(count, int((q > 0).sum()))
+    if count == 0:
+        return torch.empty(0, dtype=torch.long, device=q.device), q.new_empty(0, q.shape[-1])
+    uniform = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float64)
+    gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-300)))  # clamp: u = 0 would give an infinite key
+    keys = torch.where(q > 0, q.double().log() + gumbel, float("-inf"))
+    tokens = keys.topk(count).indices
+    removed = torch.zeros(count, q.shape[-1], device=q.device, dtype=q.dtype)
+    removed[torch.arange(1, count, device=q.device), tokens[:-1]] = 1
+    conditional = q * (1 - removed.cumsum(0))
+    return tokens, conditional / conditional.sum(-1, keepdim=True)
+
+
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A `torch.Generator` on `device` seeded with `seed`: every random draw in the engine goes through one."""
     return torch.Generator(device=device).manual_seed(seed)

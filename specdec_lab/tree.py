@@ -179,6 +179,27 @@ def sparse_tree(accuracies: Sequence[Sequence[float]], budget: int) -> list[tupl
     return sorted(chosen, key=lambda node: (len(node), node))
 
 
+def sampled_tree_shape(nodes: int, depth: int, branching: int, alpha: float) -> list[tuple[int, ...]]:
+    """The shape of a sampled draft tree, as choice-tuples: (r_1, ..., r_d) = the r_d-th child drawn (without
+    replacement) below the node (r_1, ..., r_{d-1}).
+
+    A node's children are drawn from the drafter's q, so ranks say in which order they were drawn, not how
+    likely they are. The shape uses the simplest model of that: every drawn child is accepted with the same
+    probability `alpha` when it is tried, so the r-th child is the accepted one with probability
+    alpha * (1 - alpha)^r; `sparse_tree` then keeps the `nodes` most valuable positions. A high alpha buys
+    depth, a low one breadth. Because the shape is fixed before anything is drawn, every node's number of
+    children is known before its children are drawn, which losslessness needs (see `EagleDrafter`).
+
+    nodes: the tree's budget (nodes below the root); depth: the longest path; branching: most children per
+    node; alpha: the assumed acceptance of one tried child, in (0, 1).
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha (the assumed acceptance of one drawn child) must lie in (0, 1), got {alpha!r}")
+    if depth < 1 or branching < 1:
+        raise ValueError(f"depth and branching must be >= 1, got depth={depth}, branching={branching}")
+    return sparse_tree([[alpha * (1 - alpha) ** r for r in range(branching)]] * depth, nodes)
+
+
 def expected_accepted(choices: Sequence[tuple[int, ...]], accuracies: Sequence[Sequence[float]]) -> float:
     """Expected tokens per step of a Medusa tree under the independence model: 1 + sum of node products."""
     return 1.0 + sum(math.prod(accuracies[k][r] for k, r in enumerate(node)) for node in choices)

@@ -86,10 +86,11 @@ def test_bench_end_to_end_json_has_every_field_for_every_method(saved_pair, tmp_
 
 
 def test_bench_sampling_reports_no_equality_and_keeps_fields(saved_pair, tmp_path):
-    result, _ = run_cli(saved_pair, tmp_path, "--temperature", "1", "--methods", "draft,lookup",
-                        "--sets", "heldout")
+    result, _ = run_cli(saved_pair, tmp_path, "--temperature", "1", "--methods", "draft,draft-adaptive,lookup",
+                        "--sets", "heldout", "--adaptive-k", "6", "--min-confidence", "0.3")
     rows = result["sets"]["heldout"]["methods"]
-    assert set(rows) == {"hf-generate", "draft", "lookup"}
+    assert set(rows) == {"hf-generate", "draft", "draft-adaptive", "lookup"}
+    assert result["settings"]["adaptive_k"] == 6 and result["settings"]["min_confidence"] == 0.3
     for row in rows.values():
         assert set(row) == ROW_FIELDS
         assert row["equal_to_baseline"] is None and row["outputs_equal_to_baseline"] is None

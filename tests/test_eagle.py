@@ -201,51 +201,97 @@ class TreeClaimingUniformQ(EagleDrafter):
         return draft
 
 
-SAMPLING = {"temperature": 1.0, "top_k": 3}
+class SampledTreeDroppingUnlikelySiblings(EagleDrafter):
+    """BROKEN on purpose: draws a node's children from q, then drops every child that q finds much less
+    likely than its favourite token, while still telling the verifier each kept child was drawn from its
+    conditional q (the kept children are biased toward q's likely tokens)."""
+
+    def draw_children(self, q, count, generator):
+        tokens, conditionals = super().draw_children(q, count, generator)
+        keep = [rank for rank, token in enumerate(tokens.tolist()) if q[token] >= 0.8 * q.max()]
+        return tokens[keep], conditionals[keep]
+
+
+SAMPLINGS = {"T=1": {"temperature": 1.0}, "T=0.7,top-k=3": {"temperature": 0.7, "top_k": 3}}
 LENGTH = 3  # tokens per sample: depth-2 drafts are verified after the first token
 VOCAB = 4
 
 
 @pytest.fixture(scope="module")
 def small_world(llama_factory):
-    """A 4-token target, a random head that disagrees with it, the prompt, and P(every 3-token sequence)."""
+    """A 4-token target, a random head that disagrees with it, the prompt, and P(every 3-token sequence) under
+    each sampling setting of `SAMPLINGS`."""
     target = llama_factory(vocab_size=VOCAB, hidden_size=16, num_layers=2, seed=5, logit_scale=2.0)
     head = random_head(target, seed=6)
     prompt = [1, 2]
-    config = SamplingConfig(**SAMPLING)
     sequences = list(itertools.product(range(VOCAB), repeat=LENGTH))
+    exact = {}
     with torch.inference_mode():
-        exact = []
-        for seq in sequences:
-            logits = target(torch.tensor([prompt + list(seq[:-1])])).logits[0, len(prompt) - 1 :]
-            p = process_logits(logits, config)
-            exact.append(float(torch.prod(p[torch.arange(LENGTH), torch.tensor(seq)])))
-    return target, head, prompt, sequences, torch.tensor(exact)
+        for name, sampling in SAMPLINGS.items():
+            config = SamplingConfig(**sampling)
+            probs = []
+            for seq in sequences:
+                logits = target(torch.tensor([prompt + list(seq[:-1])])).logits[0, len(prompt) - 1 :]
+                p = process_logits(logits, config)
+                probs.append(float(torch.prod(p[torch.arange(LENGTH), torch.tensor(seq)])))
+            exact[name] = torch.tensor(probs)
+    return target, head, prompt, sequences, exact
 
 
-def sample_counts(world, drafter_class, settings, samples: int) -> torch.Tensor:
+def sample_counts(world, drafter_class, settings, sampling: str, samples: int) -> torch.Tensor:
     target, head, prompt, sequences, _ = world
     index = {seq: i for i, seq in enumerate(sequences)}
     counts = torch.zeros(len(sequences))
     for seed in range(samples):
         out = sd.generate(target, prompt, drafter=drafter_class(head, **settings), max_new_tokens=LENGTH,
-                          seed=seed, eos_token_id=-1, **SAMPLING)
+                          seed=seed, eos_token_id=-1, **SAMPLINGS[sampling])
         counts[index[tuple(out.tokens)]] += 1
     return counts
 
 
-SAMPLING_MODES = {"chain": dict(mode="chain", depth=2), "tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4),
-                  "sharp-tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4, rank_temperature=0.25)}
-BROKEN = {"chain": ArgmaxChainClaimingQ, "tree": TreeClaimingUniformQ, "sharp-tree": TreeClaimingUniformQ}
+SAMPLING_MODES = {"chain": dict(mode="chain", depth=2),
+                  "adaptive-chain": dict(mode="chain", depth=2, min_confidence=0.3),
+                  "sampled-tree": dict(mode="tree", depth=2, top_k=3, total_tokens=6),
+                  "top-tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4, children="top"),
+                  "sharp-top-tree": dict(mode="tree", depth=2, top_k=2, total_tokens=4, rank_temperature=0.25,
+                                         children="top")}
+BROKEN = {"chain": ArgmaxChainClaimingQ, "adaptive-chain": ArgmaxChainClaimingQ,
+          "sampled-tree": SampledTreeDroppingUnlikelySiblings, "top-tree": TreeClaimingUniformQ,
+          "sharp-top-tree": TreeClaimingUniformQ}
 
 
-@pytest.mark.parametrize("mode", SAMPLING_MODES)
-def test_sampling_is_lossless_and_the_test_catches_a_broken_variant(small_world, chi_square, mode):
-    exact = small_world[-1]
-    counts = sample_counts(small_world, EagleDrafter, SAMPLING_MODES[mode], 2500)
+# Sampled trees under both settings; the chain and the point-mass trees (unchanged code) under top-k only.
+CASES = [("sampled-tree", "T=1"), ("sampled-tree", "T=0.7,top-k=3"), ("chain", "T=0.7,top-k=3"),
+         ("adaptive-chain", "T=1"),
+         ("top-tree", "T=0.7,top-k=3"), ("sharp-top-tree", "T=0.7,top-k=3")]
+
+
+@pytest.mark.parametrize(("mode", "sampling"), CASES)
+def test_sampling_is_lossless_and_the_test_catches_a_broken_variant(small_world, chi_square, mode, sampling):
+    exact = small_world[-1][sampling]
+    counts = sample_counts(small_world, EagleDrafter, SAMPLING_MODES[mode], sampling, 1500)
     assert chi_square(counts, exact) > 1e-3
-    broken = sample_counts(small_world, BROKEN[mode], SAMPLING_MODES[mode], 2500)
+    broken = sample_counts(small_world, BROKEN[mode], SAMPLING_MODES[mode], sampling, 1500)
     assert chi_square(broken, exact) < 1e-6
+
+
+def test_sampled_tree_draws_every_node_of_its_shape_and_carries_conditional_q(tiny_target, tiny_head):
+    drafter = EagleDrafter(tiny_head, mode="tree", depth=3, top_k=3, total_tokens=9, alpha=0.5)
+    seen = []
+    with torch.inference_mode():
+        sd.generate(tiny_target, [1, 2, 3], drafter=drafter, max_new_tokens=12, temperature=1.0, seed=0,
+                    on_step=lambda record: seen.append(record.draft))
+    for draft in seen:
+        tree = DraftTree.from_parents(draft.tokens, draft.parents)
+        shape, _ = drafter.sampled_shape(tree.max_depth)  # the last drafts are cut short by max_new_tokens
+        assert len(tree) == len(shape)  # the full vocabulary is allowed, so every position of the shape exists
+        for siblings in tree.children():
+            for earlier, later in itertools.pairwise(siblings):
+                # a later sibling's q has every earlier sibling's token removed, and sums to one
+                assert draft.probs[later, draft.tokens[earlier]] == 0
+            for child in siblings:
+                torch.testing.assert_close(draft.probs[child].sum(), torch.tensor(1.0))
+                assert draft.probs[child, draft.tokens[child]] > 0
 
 
 # --- The shipped zoo head ---------------------------------------------------------------------------------------

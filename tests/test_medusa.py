@@ -76,25 +76,46 @@ def exact_joint_of_tokens_2_and_3(model, prompt: list[int], config: SamplingConf
     return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
 
 
-def sample_tokens_2_and_3(model, drafter, prompt, runs: int) -> torch.Tensor:
+def sample_tokens_2_and_3(model, drafter, prompt, runs: int, sampling: dict) -> torch.Tensor:
     vocab = model.config.vocab_size
     counts = torch.zeros(vocab, vocab)
     for seed in range(runs):
-        out = sd.generate(model, prompt, drafter=drafter, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed)
+        out = sd.generate(model, prompt, drafter=drafter, max_new_tokens=3, seed=seed, **sampling)
         counts[out.tokens[1], out.tokens[2]] += 1
     return counts
 
 
-def test_medusa_sampling_is_lossless_and_typical_is_not(llama_factory, chi_square):
-    """Sampled trees (4 children wanted at depth 1, only 3 tokens in q under top-k = 3) through `generate`."""
+class DroppingUnlikelyCandidates(MedusaDrafter):
+    """BROKEN on purpose: samples each head's candidates, then drops those that q finds much less likely
+    than its favourite token, while each kept node still claims its conditional q."""
+
+    def sampled_candidates(self, logits, wanted, depth, state):
+        candidates, probs = super().sampled_candidates(logits, wanted, depth, state)
+        for k in range(depth):
+            q = process_logits(logits[k], state.sampling)
+            keep = [r for r, token in enumerate(candidates[k].tolist()) if q[token] >= 0.8 * q.max()]
+            candidates[k], probs[k] = candidates[k][keep], probs[k][keep]
+        return candidates, probs
+
+
+SAMPLINGS = {"T=1": {"temperature": 1.0}, "T=0.7,top-k=3": {"temperature": 0.7, "top_k": 3}}
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_medusa_sampling_is_lossless_and_broken_variants_are_not(llama_factory, chi_square, sampling):
+    """Sampled trees (4 children wanted at depth 1; under top-k = 3 only 3 tokens in q) through `generate`;
+    typical acceptance and a tree that drops candidates by their probability must fail the same test."""
     model = llama_factory(vocab_size=8, hidden_size=16, num_layers=1, seed=5, logit_scale=2.0)
     heads = random_heads(16, 2, std=0.5, seed=0)
     tree = [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0)]
     prompt = [1, 2]
-    joint = exact_joint_of_tokens_2_and_3(model, prompt, SamplingConfig(1.0, top_k=3))
-    lossless = sample_tokens_2_and_3(model, MedusaDrafter(heads, tree), prompt, runs=1500)
+    settings = SAMPLINGS[sampling]
+    joint = exact_joint_of_tokens_2_and_3(model, prompt, SamplingConfig(**settings))
+    lossless = sample_tokens_2_and_3(model, MedusaDrafter(heads, tree), prompt, 1500, settings)
     assert chi_square(lossless, joint) > 1e-3
-    typical = sample_tokens_2_and_3(model, MedusaDrafter(heads, tree, acceptance="typical"), prompt, runs=300)
+    dropping = sample_tokens_2_and_3(model, DroppingUnlikelyCandidates(heads, tree), prompt, 1500, settings)
+    assert chi_square(dropping, joint) < 1e-6
+    typical = sample_tokens_2_and_3(model, MedusaDrafter(heads, tree, acceptance="typical"), prompt, 300, settings)
     assert chi_square(typical, joint) < 1e-6
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specdec_lab.sampling import SamplingConfig, make_generator, process_logits, sample
+from specdec_lab.sampling import SamplingConfig, make_generator, process_logits, sample, sample_without_replacement
 
 
 def hf_probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -77,3 +77,33 @@ def test_sampling_is_reproducible_from_the_seed_and_follows_the_distribution():
     frequencies = torch.bincount(draws, minlength=3) / 4000
     torch.testing.assert_close(frequencies, probs, atol=0.03, rtol=0)  # 4 standard errors at most
     assert int(sample(torch.tensor([0.0, 0.0, 1.0]), make_generator(0))) == 2
+
+
+def test_sampling_without_replacement_draws_in_order_from_the_conditional_q(chi_square):
+    # Gumbel-top-k must match sequential draws: the first token ~ q, the second ~ q without the first.
+    q = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    generator = make_generator(0)
+    first, second = torch.zeros(5), torch.zeros(5, 5)
+    for _ in range(4000):
+        tokens, conditionals = sample_without_replacement(q, 2, generator)
+        first[tokens[0]] += 1
+        second[tokens[0], tokens[1]] += 1
+        torch.testing.assert_close(conditionals[0], q)
+        expected = q.clone()
+        expected[tokens[0]] = 0
+        torch.testing.assert_close(conditionals[1], expected / expected.sum())
+    assert chi_square(first, q) > 1e-3
+    pairs = q[:, None] * q[None, :] / (1 - q[:, None])
+    pairs.fill_diagonal_(0)
+    assert chi_square(second, pairs) > 1e-3
+    skewed = second.T.contiguous()  # the same pairs in the wrong order: the test can tell
+    assert chi_square(skewed, pairs) < 1e-6
+
+
+def test_sampling_without_replacement_stops_at_the_support_and_checks_its_count():
+    q = torch.tensor([0.0, 0.7, 0.0, 0.3])
+    tokens, conditionals = sample_without_replacement(q, 5, make_generator(1))
+    assert sorted(tokens.tolist()) == [1, 3] and conditionals.shape == (2, 4)
+    assert sample_without_replacement(q, 0, make_generator(1))[0].numel() == 0
+    with pytest.raises(ValueError, match="non-negative integer"):
+        sample_without_replacement(q, -1, make_generator(1))

@@ -146,3 +146,21 @@ def test_sparse_tree_is_optimal_among_trees_of_its_size():
     leaves = [c for c in choices if not any(d[:-1] == c for d in choices)]
     assert min(value[c] for c in leaves) >= max(expected_accepted([c], accuracies) - 1 for c in frontier)
     assert all(c[:-1] in chosen for c in choices if len(c) > 1)
+
+
+def test_sampled_tree_shape_is_closed_with_contiguous_ranks_and_alpha_trades_breadth_for_depth():
+    from specdec_lab.tree import sampled_tree_shape
+
+    for alpha in (0.3, 0.8):
+        shape = sampled_tree_shape(12, depth=5, branching=3, alpha=alpha)
+        assert len(shape) == 12 and max(map(len, shape)) <= 5 and max(c[-1] for c in shape) < 3
+        present = set(shape)
+        for choice in shape:  # parents and earlier siblings are always in the tree
+            assert len(choice) == 1 or choice[:-1] in present
+            assert choice[-1] == 0 or choice[:-1] + (choice[-1] - 1,) in present
+    deep = sampled_tree_shape(12, 5, 3, 0.8)
+    wide = sampled_tree_shape(12, 5, 3, 0.3)
+    assert max(map(len, deep)) > max(map(len, wide))
+    assert sum(len(c) == 1 for c in wide) > sum(len(c) == 1 for c in deep)
+    with pytest.raises(ValueError, match="alpha"):
+        sampled_tree_shape(4, 2, 2, 1.0)

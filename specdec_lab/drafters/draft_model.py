@@ -2,6 +2,12 @@
 
 The draft model samples its k tokens autoregressively under the same sampling settings as the target and
 records each q it sampled from, so the target can run the lossless rejection rule.
+
+Adaptive draft length (as transformers' assisted generation does with its confidence threshold): with
+`min_confidence` set, drafting stops before a token whose q has its largest probability below the threshold,
+so a step drafts between 1 and k tokens. Lossless: the stopping decision is a function of the draft's own
+q (of the context and the earlier draft tokens), never of the target, and the chain rule is exact for a
+draft of any length fixed that way.
 """
 
 from __future__ import annotations
@@ -10,20 +16,24 @@ import torch
 
 from specdec_lab.cache import new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import draw
+from specdec_lab.sampling import confidence, draw
 
 
 class DraftModelDrafter(Drafter):
     """Drafts with a smaller causal LM that shares the target's tokenizer.
 
-    draft_model: any Hugging Face causal LM with the target's vocabulary; k: tokens drafted per step.
+    draft_model: any Hugging Face causal LM with the target's vocabulary; k: tokens drafted per step (the
+    most, with `min_confidence`); min_confidence: None (always k tokens) or a threshold in (0, 1): stop
+    before a token whose largest draft probability is below it (at least one token is always drafted).
     """
 
     drafts_from_prompt = True
 
-    def __init__(self, draft_model: torch.nn.Module, k: int = 4):
+    def __init__(self, draft_model: torch.nn.Module, k: int = 4, min_confidence: float | None = None):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")
+        check_confidence(min_confidence)
+        self.min_confidence = min_confidence
         self.model = draft_model
         self.k = k
         self.cache = None
@@ -46,13 +56,16 @@ class DraftModelDrafter(Drafter):
         tokens, probs = [], []
         for i in range(k):
             logits = self.model(input_ids=feed[None], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            self.cached += 1 if i else len(state.tokens) - self.cached
+            if i and self.min_confidence is not None and confidence(logits, state.sampling) < self.min_confidence:
+                break  # the draft is unsure of this token: verify what we have (decided from q alone)
             token, q = draw(logits, state.sampling, state.generator)
             if q is not None:
                 probs.append(q)
             tokens.append(token)
             feed = token.reshape(1)
-            self.cached += 1 if i else len(state.tokens) - self.cached
-        # The last drafted token was never fed, so the cache holds the context plus tokens[:-1].
+        # The cache holds the context plus every drafted token it was fed: tokens[:-1], or all of them after
+        # an early stop (commit keeps the accepted ones either way).
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
 
     def commit(self, state: DecodeState, accepted: int) -> None:
@@ -60,3 +73,9 @@ class DraftModelDrafter(Drafter):
         context_length = len(state.tokens) - accepted - 1
         self.cached = min(self.cached, context_length + accepted)
         truncate(self.cache, self.cached)
+
+
+def check_confidence(min_confidence: float | None) -> None:
+    """Raise ValueError unless `min_confidence` is None or a probability threshold in (0, 1)."""
+    if min_confidence is not None and not 0 < min_confidence < 1:
+        raise ValueError(f"min_confidence must be None or lie in (0, 1), got {min_confidence!r}")

@@ -18,12 +18,17 @@ loop already returns it, so no forward hook is needed.
 
 Modes of `EagleDrafter`:
 
-- "chain" (EAGLE-1): `depth` tokens, one per step, verified by the chain rules (sampled tokens carry q).
+- "chain" (EAGLE-1): `depth` tokens, one per step, verified by the chain rules (sampled tokens carry q);
+  with `min_confidence`, the chain stops early before a token the head is unsure of (adaptive length,
+  lossless because the decision depends on q alone, as for `DraftModelDrafter`).
 - "tree" (EAGLE-2): a dynamic tree. Depth 1 holds the `top_k` most likely tokens; at every further depth
   the `top_k` newest nodes with the highest cumulative log-probability are expanded (one batched head
   forward with a tree mask over the head's cache), each into its `top_k` most likely children. Finally all
   nodes are reranked by cumulative log-probability and the best `total_tokens` form the draft tree. A
   child's cumulative log-probability never exceeds its parent's, so the kept set is closed under ancestors.
+  That is the greedy tree. When sampling, the tree's children are by default *drawn* from the head's q
+  without replacement into a shape fixed in advance (`children="sampled"`, see `EagleDrafter`); the
+  EAGLE-2 construction at temperature > 0 stays available as `children="top"`.
 
 The EAGLE-3 direction is the same head with `feature_layers` naming several target layers (low, middle,
 high): their features are concatenated and fused by a linear layer into the head's input feature. It is
@@ -47,9 +52,12 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specdec_lab.cache import new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import SamplingConfig, draw, process_logits
+from specdec_lab.drafters.draft_model import check_confidence
+from specdec_lab.sampling import SamplingConfig, confidence, draw, process_logits, sample_without_replacement
+from specdec_lab.tree import sampled_tree_shape
 
 MODES = ("chain", "tree")
+CHILDREN = ("sampled", "top")
 
 
 @dataclass
@@ -255,23 +263,49 @@ class EagleDrafter(Drafter):
     sharpens the ranking toward each node's top child. It changes which nodes are verified, never what is
     accepted, so greedy output and losslessness do not depend on it.
 
+    min_confidence: chain mode only: None (always `depth` tokens) or a threshold in (0, 1): stop before a
+    token whose largest head probability is below it (at least one token is drafted).
+    children: how a tree is built when sampling (greedy runs always build EAGLE-2's tree): "sampled" (the
+    default) draws each node's children from the head's processed q without replacement into a shape fixed
+    in advance (`specdec_lab.tree.sampled_tree_shape` with `total_tokens` nodes, `depth` levels, at most
+    `top_k` children per node, and `alpha`, the acceptance per tried child the shape assumes); "top" keeps
+    EAGLE-2's construction (the likeliest tokens, verified as point masses).
+
     Losslessness when sampling. Chain mode draws each token from the head's processed distribution q
     (temperature / top-k / top-p applied as to the target) and hands q to the chain rule of Leviathan et al.
-    Tree mode keeps EAGLE-2's construction on the processed q: top-k children, distinct siblings, reranking
-    by cumulative log q. That tree is a function of the context alone and is fixed before the verifier
-    draws any random number, so, given the context and its earlier siblings, each node was "drawn" from a
-    point mass at its own token. The shared multi-candidate rule (`verify_tree_rejection`) is exact for that
-    case (probs=None): it accepts a child x with probability p(x) under the current residual p and, on
-    rejection, removes x's mass from p. Drawing children at random and then keeping the likeliest ones
-    would not be lossless: a kept child would no longer be distributed as the q the rule is told about.
+
+    Sampled trees (Jeon et al. 2024's recursive rejection sampling; SpecTr and SpecInfer for multiple drafts).
+    The verifier (`verify.verify_tree_rejection`) tries a node's children in order and is exact as long as
+    the j-th child, given everything drawn before it, is distributed as the q it is verified against. Three
+    rules make that true: (1) how many children a node gets is fixed before they are drawn (here: by its
+    position in the shape, a function of its ancestors only); (2) the children are drawn in order, each from
+    q with the earlier siblings removed and renormalised, and that conditional q is what the node carries;
+    (3) no drawn child is ever dropped because of its own token or probability (it would then no longer be
+    distributed as that q: a kept child would be biased toward whatever the dropping rule favours). EAGLE-2's
+    "draw, then keep the likeliest" breaks rule 3, which is why sampled trees have a shape, not a rerank.
+    Unlike point-mass children, which are accepted with probability p(x) only, a sampled child is accepted
+    with probability min(1, p(x) / q(x)): at temperature 1 the first child alone is accepted as often as a
+    chain token, and every further sibling is a second chance.
+
+    Top-k trees ("top", and every greedy tree) keep EAGLE-2's construction on the processed q: top-k
+    children, distinct siblings, reranking by cumulative log q. That tree is a function of the context alone
+    and is fixed before the verifier draws any random number, so, given the context and its earlier
+    siblings, each node was "drawn" from a point mass at its own token. The shared multi-candidate rule is
+    exact for that case (probs=None): it accepts a child x with probability p(x) under the current residual p
+    and, on rejection, removes x's mass from p.
     """
 
     needs_hidden_states = True
 
     def __init__(self, head: EagleHead, mode: str = "chain", depth: int = 5, top_k: int = 8,
-                 total_tokens: int = 32, rank_temperature: float | None = None):
+                 total_tokens: int = 32, rank_temperature: float | None = None, children: str = "sampled",
+                 alpha: float = 0.6, min_confidence: float | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if children not in CHILDREN:
+            raise ValueError(f"children must be one of {CHILDREN}, got {children!r}")
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha (the acceptance a sampled tree's shape assumes) must lie in (0, 1), got {alpha!r}")
         for name, value in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -283,6 +317,13 @@ class EagleDrafter(Drafter):
         self.top_k = top_k
         self.total_tokens = total_tokens
         self.rank_temperature = rank_temperature
+        check_confidence(min_confidence)
+        if min_confidence is not None and mode != "chain":
+            raise ValueError("min_confidence (adaptive draft length) applies to chain mode only")
+        self.children = children
+        self.alpha = alpha
+        self.min_confidence = min_confidence
+        self._shapes: dict[int, tuple[list[tuple[int, ...]], dict[tuple[int, ...], int]]] = {}
         self.cache: DynamicCache | None = None
         self.committed = 0  # head positions fed with the target's true features
         self.last_feature: torch.Tensor | None = None  # the head's prediction after the last true position
@@ -317,6 +358,8 @@ class EagleDrafter(Drafter):
     def propose(self, state: DecodeState, max_tokens: int) -> Draft:
         if self.mode == "chain":
             return self._propose_chain(state, min(self.depth, max_tokens))
+        if not state.sampling.greedy and self.children == "sampled":
+            return self._propose_sampled_tree(state, min(self.depth, max_tokens))
         return self._propose_tree(state, min(self.depth, max_tokens))
 
     def _step(self, features: torch.Tensor, tokens: torch.Tensor, depth: int, allowed: torch.Tensor) -> torch.Tensor:
@@ -330,6 +373,8 @@ class EagleDrafter(Drafter):
         feature, logits = self.last_feature, self.last_logits
         tokens, probs = [], []
         for i in range(k):
+            if i and self.min_confidence is not None and confidence(logits, state.sampling) < self.min_confidence:
+                break  # the head is unsure of this token: verify what we have (decided from q alone)
             token, q = draw(logits, state.sampling, state.generator)
             if q is not None:
                 probs.append(q)
@@ -413,3 +458,58 @@ class EagleDrafter(Drafter):
         # Every candidate is a deterministic function of the context (no random draw), so verification
         # treats each as drawn from a point mass: probs=None (see the class docstring on losslessness).
         return Draft(tokens, None, parents=torch.tensor(parents, dtype=torch.long, device=device))
+
+    # --- Sampled trees (temperature > 0) -----------------------------------------------------------------------
+
+    def sampled_shape(self, depth: int) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], int]]:
+        """The sampled tree's shape for `depth` levels (choice-tuples, parents first) and, per choice-tuple,
+        how many children it gets (its children are ranks 0 .. n - 1, as `sparse_tree` keeps ranks in order)."""
+        if depth not in self._shapes:
+            shape = sampled_tree_shape(self.total_tokens, depth, self.top_k, self.alpha)
+            counts: dict[tuple[int, ...], int] = {}
+            for choice in shape:
+                counts[choice[:-1]] = max(counts.get(choice[:-1], 0), choice[-1] + 1)
+            self._shapes[depth] = (shape, counts)
+        return self._shapes[depth]
+
+    def draw_children(self, q: torch.Tensor, count: int,
+                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """`count` children of one node, drawn from its processed q without replacement, each with the q it
+        was drawn from given its earlier siblings (fewer when q allows fewer tokens)."""
+        return sample_without_replacement(q, count, generator)
+
+    def _propose_sampled_tree(self, state: DecodeState, depth: int) -> Draft:
+        """A sampled tree: level by level, every node with children in the shape gets them drawn from its q.
+
+        Each level is one batched head forward over the nodes that have children (as in EAGLE-2); nodes are
+        listed parents first and siblings in the order they were drawn, which is the order the verifier
+        tries them in. Nothing drawn is ever dropped (see the class docstring on losslessness).
+        """
+        shape, counts = self.sampled_shape(depth)
+        nodes: list[TreeNode] = []
+        choices: list[tuple[int, ...]] = []
+        probs: list[torch.Tensor] = []
+
+        def add_children(parent: int, q: torch.Tensor) -> None:
+            choice = choices[parent] if parent >= 0 else ()
+            tokens, conditionals = self.draw_children(q, counts.get(choice, 0), state.generator)
+            for rank, (token, conditional) in enumerate(zip(tokens.tolist(), conditionals, strict=True)):
+                nodes.append(TreeNode(token, parent, len(choice) + 1, 0.0))
+                choices.append(choice + (rank,))
+                probs.append(conditional)
+
+        add_children(-1, process_logits(self.last_logits, state.sampling))
+        fed_features: list[torch.Tensor] = []
+        for d in range(1, depth):
+            expand = [i for i, node in enumerate(nodes) if node.depth == d and counts.get(choices[i], 0)]
+            if not expand:
+                break
+            out = self._expand(nodes, expand, fed_features, d, state.device)
+            q = process_logits(self.head.logits(out).float(), state.sampling)
+            for row, i in enumerate(expand):
+                nodes[i].fed = len(fed_features)
+                fed_features.append(out[row])
+                add_children(i, q[row])
+        tokens = torch.tensor([node.token for node in nodes], dtype=torch.long, device=state.device)
+        parents = torch.tensor([node.parent for node in nodes], dtype=torch.long, device=state.device)
+        return Draft(tokens, torch.stack(probs), parents=parents)

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
-from specdec_lab.sampling import process_logits
+from specdec_lab.sampling import process_logits, sample_without_replacement
 from specdec_lab.tree import choices_to_parents
 
 CONFIG_NAME = "config.json"
@@ -191,15 +191,18 @@ class MedusaDrafter(Drafter):
         Returns per head the sampled tokens and, for the r-th of them, q with the first r samples removed and
         renormalised: the distribution it was drawn from given its earlier siblings, which the lossless tree
         rule needs. A head whose q has fewer tokens than wanted (top-k / top-p) offers only those.
+
+        Why the tree stays lossless: how many candidates each head draws is fixed by the tree shape before
+        any is drawn, and no drawn candidate is dropped for its own probability (a node is left out only by
+        its rank, a position fixed in advance), so each node really was drawn from the conditional q it
+        carries, which is all `verify.verify_tree_rejection` asks. A rank left out in the middle (a shape
+        with (0,), (2,) but not (1,)) is harmless: the skipped draw is part of the history the later
+        sibling's conditional q is computed from.
         """
         candidates, probs = [], []
         for k in range(depth):
             q = process_logits(logits[k], state.sampling)
-            count = min(wanted[k], int((q > 0).sum()))
-            drawn = torch.multinomial(q, count, replacement=False, generator=state.generator)
-            removed = torch.zeros(count, q.shape[-1], device=q.device)
-            removed[torch.arange(1, count, device=q.device), drawn[:-1]] = 1
-            conditional = q * (1 - removed.cumsum(0))
+            drawn, conditional = sample_without_replacement(q, wanted[k], state.generator)
             candidates.append(drawn)
-            probs.append(conditional / conditional.sum(-1, keepdim=True))
+            probs.append(conditional)
         return candidates, probs
