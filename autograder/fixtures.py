@@ -375,4 +375,89 @@ LABS: dict[str, LabFixtures] = {
                 "    return torch.stack(inputs), torch.tensor(nexts), torch.stack(targets)\n"),
         },
     ),
+    "lab05_lookahead": LabFixtures(
+        target_cell="prompt_lookup",
+        target_tests={"test_lookup", "test_lookup_hidden"},
+        reference_import=("from specdec_lab.drafters.prompt_lookup import find_continuation\n\n\n"
+                          "def prompt_lookup(tokens, max_ngram, k, min_ngram=1):\n"
+                          "    return find_continuation(torch.tensor(tokens), max_ngram, min_ngram, k).tolist()\n"),
+        mistakes={
+            "lookup_key_off_by_one": Mistake("prompt_lookup", "suffix = tokens[-n:]", "suffix = tokens[-n - 1 : -1]",
+                                             {"test_lookup", "test_lookup_hidden"}),
+            "jacobi_stops_before_fixed_point": Mistake(
+                "jacobi_decode", "if refined == guesses:\n            return guesses, iterations",
+                "if sum(a != b for a, b in zip(refined, guesses)) <= 1:\n            return refined, iterations",
+                {"test_jacobi_hidden"}),
+            "ngram_key_off_by_one": Mistake("advance_window", "[level[i] for level in levels]",
+                                            "[level[i] for level in levels[1:]]",
+                                            {"test_window", "test_window_hidden"}),
+            "pool_not_trimmed": Mistake("pool", "pool[key] = ([continuation] + kept)[:size]",
+                                        "pool[key] = [continuation] + kept", {"test_pool", "test_pool_stale_hidden"}),
+            "pool_repeat_stays_stale": Mistake(
+                "pool", "kept = [c for c in pool.get(key, []) if c != continuation]\n"
+                        "        pool[key] = ([continuation] + kept)[:size]",
+                "if continuation not in pool.get(key, []):\n"
+                "            pool[key] = ([continuation] + pool.get(key, []))[:size]", {"test_pool_stale_hidden"}),
+            "candidates_keyed_by_previous_token": Mistake("pool", "pool.get(tokens[-1], [])",
+                                                          "pool.get(tokens[-2], [])",
+                                                          {"test_pool", "test_candidates_hidden"}),
+            "window_sees_candidates": Mistake("lookahead_layout", "visible[r, row : row + column + 1] = True",
+                                              "visible[r, : row + column + 1] = True",
+                                              {"test_layout", "test_layout_mask_hidden",
+                                               "test_layout_sequential_hidden"}),
+            "window_positions_by_row": Mistake("lookahead_layout", "offsets.append(1 + column + level)",
+                                               "offsets.append(1 + level * width + column)",
+                                               {"test_layout", "test_layout_sequential_hidden"}),
+        },
+        honest={
+            "prompt_lookup": (
+                "def prompt_lookup(tokens, max_ngram, k, min_ngram=1):\n"
+                "    context = torch.tensor(tokens)\n"
+                "    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):\n"
+                "        windows = context[:-1].unfold(0, n, 1)\n"
+                "        starts = (windows == context[-n:]).all(dim=1).nonzero().flatten()\n"
+                "        if len(starts):\n"
+                "            begin = int(starts[-1]) + n\n"
+                "            return context[begin : begin + k].tolist()\n"
+                "    return []\n"),
+            "jacobi_decode": (
+                "def jacobi_decode(prompt, n):\n"
+                "    guesses = torch.full((n,), prompt[-1])\n"
+                "    for iterations in range(1, n + 2):\n"
+                "        refined = logits_of(prompt + guesses.tolist())[-n - 1 : -1].argmax(dim=-1)\n"
+                "        if torch.equal(refined, guesses):\n"
+                "            break\n"
+                "        guesses = refined\n"
+                "    return guesses.tolist(), iterations\n"),
+            "pool": (
+                "def update_pool(pool, ngrams, size):\n"
+                "    for ngram in ngrams:\n"
+                "        continuation = tuple(ngram[1:])\n"
+                "        entries = pool.setdefault(ngram[0], [])\n"
+                "        if continuation in entries:\n"
+                "            entries.remove(continuation)\n"
+                "        entries.insert(0, continuation)\n"
+                "        del entries[size:]\n\n\n"
+                "def select_candidates(pool, tokens, max_len):\n"
+                "    return [list(c)[:max_len] for c in pool.get(tokens[-1], ())]\n"),
+            "lookahead_layout": (
+                "def lookahead_layout(candidate_lengths, width, levels):\n"
+                "    sees, offsets = [[0]], [0]\n"
+                "    for length in candidate_lengths:\n"
+                "        first = len(offsets)\n"
+                "        for depth in range(1, length + 1):\n"
+                "            sees.append([0] + list(range(first, first + depth)))\n"
+                "            offsets.append(depth)\n"
+                "    window = len(offsets)\n"
+                "    for level in range(levels):\n"
+                "        for column in range(width):\n"
+                "            sees.append([0] + [window + c for c in range(column + 1)]\n"
+                "                        + [window + lower * width + column for lower in range(1, level + 1)])\n"
+                "            offsets.append(1 + column + level)\n"
+                "    visible = torch.zeros(len(offsets), len(offsets), dtype=torch.bool)\n"
+                "    for row, seen in enumerate(sees):\n"
+                "        visible[row, seen] = True\n"
+                "    return offsets, visible\n"),
+        },
+    ),
 }

@@ -36,8 +36,8 @@ from types import ModuleType
 import torch
 
 from specdec_lab import bench, decode, report
-from specdec_lab.drafters import DraftModelDrafter
-from specdec_lab.drafters.base import Draft, Drafter
+from specdec_lab.drafters import DraftModelDrafter, PromptLookupDrafter
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter
 from specdec_lab.models import ModelPair, load_pair, zoo_path
 from specdec_lab.sampling import process_logits
 from specdec_lab.stats import DecodeStats
@@ -435,11 +435,49 @@ the drafter changes the speed, never the text); tau counts the tokens emitted pe
 """
 
 
+class StudentLookupDrafter(PromptLookupDrafter):
+    """The engine's prompt-lookup drafter with the student's `prompt_lookup(tokens, max_ngram, k)` inside.
+
+    lookup: their function (the context as a list of ids, the longest n-gram, the most tokens to draft) ->
+    the drafted ids; max_ngram / k: as for `PromptLookupDrafter`.
+    """
+
+    def __init__(self, lookup: Callable, max_ngram: int, k: int):
+        super().__init__(max_ngram=max_ngram, k=k)
+        self.lookup = lookup
+
+    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
+        k = min(self.k, max_tokens)
+        tokens = [int(t) for t in self.lookup(list(state.tokens), self.max_ngram, k)]
+        if len(tokens) > k:
+            raise ExportError(f"your prompt_lookup returned {len(tokens)} tokens when asked for at most {k}")
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=state.device), probs=None)
+
+
+def lab05_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.Method]:
+    """Plain decoding, the engine's prompt-lookup drafter, and the same drafter with the student's lookup (both
+    draft at most the benchmark's k tokens per step, so the README's k is theirs)."""
+    ngram, k = config.lookup_ngram, config.k
+    return [
+        bench.Method("plain", "specdec_lab.generate, autoregressive", "ours", "autoregressive",
+                     lambda c: bench.ours_runner(c, None)),
+        bench.Method("reference", "specdec_lab.generate, prompt lookup", "ours", "lookup",
+                     lambda c: bench.ours_runner(c, PromptLookupDrafter(max_ngram=ngram, k=k))),
+        bench.Method("yours", "specdec_lab.generate, my prompt lookup", "ours", "lookup",
+                     lambda c: bench.ours_runner(c, StudentLookupDrafter(module.prompt_lookup, ngram, k))),
+    ]
+
+
 LAB_BENCHMARKS = [
     LabBenchmark(("train_eagle", "eagle_loss", "eagle_pairs"), "my EAGLE head",
                  "my `train_eagle` (and `train_eagle3`) train EAGLE heads on the lab's target; each head drafts "
                  "through a thin adapter (`HeadChainDrafter`) in `specdec_lab.generate`, against an untrained head",
                  own=lab06_benchmark),
+    LabBenchmark(("prompt_lookup",), "my prompt lookup",
+                 "my `prompt_lookup` (longest suffix first, most recent earlier occurrence) drafts inside "
+                 "`specdec_lab.generate` in place of the engine's own n-gram search, against the engine's "
+                 "`PromptLookupDrafter` with the same longest n-gram and draft length (no draft model drafts)",
+                 lab05_methods),
     LabBenchmark(("generate", "speculative_step"), "my loop",
                  "my loop (`generate` driving `speculative_step`: draft, one target forward, roll back both caches) "
                  "runs on the benchmark's target and draft models, against `specdec_lab.generate` with the same "

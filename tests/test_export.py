@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "solutions" / "lab01_sampling" / "lab01_sampling.ipynb"
 LOOP_SOLUTION = ROOT / "solutions" / "lab02_loop" / "lab02_loop.ipynb"
 TRAINING_SOLUTION = ROOT / "solutions" / "lab06_train_drafter" / "lab06_train_drafter.ipynb"
+LOOKAHEAD_SOLUTION = ROOT / "solutions" / "lab05_lookahead" / "lab05_lookahead.ipynb"
 SOLUTION_REGION = re.compile(r"### BEGIN SOLUTION\n.*?### END SOLUTION", re.S)
 
 CORRECT_VERIFY = '''
@@ -149,6 +150,31 @@ def test_exported_training_lab_trains_heads_that_the_engine_accepts(tmp_path):
                                                  torch.tensor([[True, True, True]]))
     assert tokens.tolist() == [5, 6] and inputs.tolist() == [[0.0, 1.0], [2.0, 3.0]]
     assert leftovers(tmp_path) == []
+
+
+def test_exported_lookahead_lab_imports_and_runs(model_paths, tmp_path):
+    """Lab 5: the student's prompt lookup drafts inside the engine; greedy output and tau match the engine's own."""
+    out = run_export(LOOKAHEAD_SOLUTION, tmp_path / "artifact", model_paths)
+    module = import_artifact(out, "lab05_lookahead")
+    assert module.prompt_lookup([1, 2, 3, 1, 2], 2, 3) == [3, 1, 2]
+    tokens, forwards = module.jacobi_decode(module.PROMPT, 4)  # on the lab's own tiny target
+    assert tokens == module.greedy(module.PROMPT, 4) and 1 <= forwards <= 5
+    greedy = json.loads((out / "benchmark.json").read_text())["sets"]["temperature 0"]["methods"]
+    assert greedy["yours"]["outputs_equal_to_baseline"] == greedy["reference"]["outputs_equal_to_baseline"] == 2
+    assert greedy["yours"]["tau"] == pytest.approx(greedy["reference"]["tau"], abs=1e-9)
+    assert "my prompt lookup" in (out / "README.md").read_text()
+
+
+def test_lookup_that_drafts_too_much_is_refused(model_paths, tmp_path):
+    """A prompt_lookup that ignores k cannot drive the engine; the export says so and writes nothing."""
+    notebook = nbformat.read(str(LOOKAHEAD_SOLUTION), as_version=4)
+    for cell in notebook.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "prompt_lookup":
+            cell.source = cell.source.replace("tokens[start + n : start + n + k]", "tokens[start + n :] + [0] * k")
+    nbformat.write(notebook, str(tmp_path / "lab05_lookahead.ipynb"))
+    with pytest.raises(ExportError, match="returned .* tokens when asked for at most"):
+        run_export(tmp_path / "lab05_lookahead.ipynb", tmp_path / "artifact", model_paths)
+    assert not (tmp_path / "artifact").exists() and leftovers(tmp_path) == []
 
 
 def released_notebooks(tmp_path: Path) -> list[Path]:
