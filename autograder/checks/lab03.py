@@ -252,34 +252,47 @@ def judge_visible_sampling(inputs: dict, answers: list, ref: dict) -> None:
     judge_sampling_cases(inputs, answers, ref)
 
 
-def hidden_sampling_cases(generator: torch.Generator, vocab: int = 6) -> list[dict]:
-    """The worked cases on relabelled tokens, and sure chains of random length (one-hot p)."""
+def worked_rejection_cases(generator: torch.Generator, vocab: int, below_a_sure_child: bool) -> list[dict]:
+    """The notebook's worked rejection on relabelled tokens, at the root or below a child the target is sure
+    of: both children rejected, and the correction token is always the same."""
     cases = []
     for _ in range(2):
         perm = torch.randperm(vocab, generator=generator).tolist()  # token t of the worked case becomes perm[t]
         p, q = [0.0] * vocab, [0.0] * vocab
         for t in range(4):
             p[perm[t]], q[perm[t]] = SURE_P[t], SURE_Q[t]
-        seeds = torch.randint(0, 2**31, (20,), generator=generator).tolist()
-        cases += [{"tokens": [perm[0], perm[1]], "parents": [-1, -1], "p": [p] * 3, "q": [q] * 3, "seed": s,
-                   "path": [], "token": perm[3], "why": f"p = {show(p)}, q = {show(q)}: both children rejected, "
-                                                        f"the correction token is always {perm[3]}"} for s in seeds]
-    for k in (1, 3):
-        chain = torch.randperm(vocab, generator=generator)[: k + 1].tolist()
-        # node 2d is a wrong sibling (p = 0 there: always rejected), node 2d + 1 the right child of depth d
-        tokens = [t for d in range(k) for t in ((chain[d] + 1) % vocab, chain[d])]
-        parents = [2 * d - 1 for d in range(k) for _ in range(2)]
-        p_rows = torch.full((2 * k + 1, vocab), 1.0 / vocab)
-        p_rows[0] = torch.nn.functional.one_hot(torch.tensor(chain[0]), vocab).float()
-        for d in range(k):
-            p_rows[2 * d + 2] = torch.nn.functional.one_hot(torch.tensor(chain[d + 1]), vocab).float()
-        cases.append({"tokens": tokens, "parents": parents, "p": p_rows.tolist(),
-                      "q": torch.full((2 * k + 1, vocab), 1.0 / vocab).tolist(),
-                      "seed": int(torch.randint(0, 2**31, (1,), generator=generator)),
-                      "path": [2 * d + 1 for d in range(k)], "token": chain[k],
-                      "why": f"the target is sure of the chain {chain[:k]} (each right child behind a sibling it "
-                             f"gives p = 0), then of the bonus token {chain[k]}"})
+        uniform = [1.0 / vocab] * vocab
+        if below_a_sure_child:  # node 0 (token perm[4]) is surely accepted; its children are perm[0] and perm[1]
+            sure = [1.0 if t == perm[4] else 0.0 for t in range(vocab)]
+            tree = {"tokens": [perm[4], perm[0], perm[1]], "parents": [-1, 0, 0], "p": [sure, p, uniform, uniform],
+                    "q": [uniform, q, uniform, uniform], "path": [0]}
+            where = f"below the sure child {perm[4]}, "
+        else:
+            tree = {"tokens": [perm[0], perm[1]], "parents": [-1, -1], "p": [p] * 3, "q": [q] * 3, "path": []}
+            where = ""
+        seeds = torch.randint(0, 2**31, (10,), generator=generator).tolist()
+        cases += [tree | {"seed": s, "token": perm[3], "why": f"{where}p = {show(p)}, q = {show(q)}: both children "
+                                                              f"rejected, the correction token is always {perm[3]}"}
+                  for s in seeds]
     return cases
+
+
+def sure_chain_case(k: int, generator: torch.Generator, vocab: int) -> dict:
+    """A chain of k right children, each behind a wrong sibling (p = 0 there: always rejected), with one-hot
+    target distributions: the path and the bonus token are certain."""
+    chain = torch.randperm(vocab, generator=generator)[: k + 1].tolist()
+    tokens = [t for d in range(k) for t in ((chain[d] + 1) % vocab, chain[d])]  # node 2d wrong, 2d + 1 right
+    parents = [2 * d - 1 for d in range(k) for _ in range(2)]
+    p_rows = torch.full((2 * k + 1, vocab), 1.0 / vocab)
+    p_rows[0] = torch.nn.functional.one_hot(torch.tensor(chain[0]), vocab).float()
+    for d in range(k):
+        p_rows[2 * d + 2] = torch.nn.functional.one_hot(torch.tensor(chain[d + 1]), vocab).float()
+    return {"tokens": tokens, "parents": parents, "p": p_rows.tolist(),
+            "q": torch.full((2 * k + 1, vocab), 1.0 / vocab).tolist(),
+            "seed": int(torch.randint(0, 2**31, (1,), generator=generator)),
+            "path": [2 * d + 1 for d in range(k)], "token": chain[k],
+            "why": f"the target is sure of the chain {chain[:k]} (each right child behind a sibling it gives p = 0), "
+                   f"then of the bonus token {chain[k]}"}
 
 
 def sampled_run(widths: list[int], p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator) -> dict:
@@ -289,17 +302,20 @@ def sampled_run(widths: list[int], p: torch.Tensor, q: torch.Tensor, n: int, gen
 
 def sampling_inputs(generator: torch.Generator, ref: dict, depth: bool) -> dict:
     vocab = 6
-    if depth:  # two levels: the second emitted token (after an accepted child) must follow the child's p
-        p, q = distributions(3, vocab, generator, sharpness=1.5), distributions(2, vocab, generator, sharpness=1.5)
-        sure_p, sure_q = torch.tensor(SURE_P + [0.0, 0.0]), torch.tensor(SURE_Q + [0.0, 0.0])
-        runs = [sampled_run([2, 2], p, q, 1500, generator),
-                sampled_run([2, 2], torch.stack([p[0], sure_p, p[2]]), torch.stack([q[0], sure_q]), 1500, generator)]
-        return {"cases": [], "runs": runs}
-    p, q = distributions(2, vocab, generator, sharpness=1.5)
     sure_p, sure_q = torch.tensor(SURE_P + [0.0, 0.0]), torch.tensor(SURE_Q + [0.0, 0.0])
-    runs = [sampled_run([3], torch.stack([p, p]), q[None], 1500, generator),
-            sampled_run([2], torch.stack([sure_p, sure_p]), sure_q[None], 1500, generator)]
-    return {"cases": hidden_sampling_cases(generator, vocab), "runs": runs}
+    if depth:  # two levels: the tokens after an accepted child must follow the child's p
+        p, q = distributions(3, vocab, generator, sharpness=1.5), distributions(2, vocab, generator, sharpness=1.5)
+        cases = worked_rejection_cases(generator, vocab, below_a_sure_child=True) + [
+            sure_chain_case(2, generator, vocab)]
+        runs = [sampled_run([2, 2], p, q, 800, generator),
+                sampled_run([2, 2], torch.stack([p[0], sure_p, p[2]]), torch.stack([q[0], sure_q]), 800, generator)]
+        return {"cases": cases, "runs": runs}
+    p, q = distributions(2, vocab, generator, sharpness=1.5)
+    cases = worked_rejection_cases(generator, vocab, below_a_sure_child=False) + [
+        sure_chain_case(k, generator, vocab) for k in (1, 3)]
+    runs = [sampled_run([3], torch.stack([p, p]), q[None], 1000, generator),
+            sampled_run([2], torch.stack([sure_p, sure_p]), sure_q[None], 1000, generator)]
+    return {"cases": cases, "runs": runs}
 
 
 def judge_runs(inputs: dict, answer: dict, ref: dict) -> None:
@@ -326,8 +342,8 @@ def judge_runs(inputs: dict, answer: dict, ref: dict) -> None:
 def histogram_cases(generator: torch.Generator, ref: dict) -> dict:
     p, q = distributions(2, 6, generator, sharpness=1.5)
     seeds = torch.randint(0, 2**31, (2,), generator=generator).tolist()
-    return {"cases": [{"p": p.tolist(), "q": q.tolist(), "width": 3, "n": 1500, "seed": seeds[0]},
-                      {"p": SURE_P + [0.0, 0.0], "q": SURE_Q + [0.0, 0.0], "width": 2, "n": 1500, "seed": seeds[1]}]}
+    return {"cases": [{"p": p.tolist(), "q": q.tolist(), "width": 3, "n": 1000, "seed": seeds[0]},
+                      {"p": SURE_P + [0.0, 0.0], "q": SURE_Q + [0.0, 0.0], "width": 2, "n": 1000, "seed": seeds[1]}]}
 
 
 def judge_histogram_known(inputs: dict, answers: list, ref: dict) -> None:
@@ -388,10 +404,11 @@ CHECKS = {
         "verify_tree_sampling on relabelled worked cases, sure chains, and the first token of sampled trees"),
     "test_verify_sampling_depth_hidden": Check(
         "verify_tree_sampling_runs", lambda g, ref: sampling_inputs(g, ref, depth=True), judge_runs,
-        "verify_tree_sampling on two-level sampled trees: every emitted token follows the target's p"),
+        "verify_tree_sampling below an accepted child, and on two-level sampled trees (every emitted token "
+        "follows the target's p)"),
     "test_histogram": Check("first_token_histogram", fixed({"cases": [{
         "p": [0.0, 0, 1, 0, 0], "q": [0.3, 0.3, 0.1, 0.2, 0.1], "width": 3, "n": 200, "seed": 0}]}),
         judge_histogram_known, "first_token_histogram on the one-hot case"),
     "test_histogram_hidden": Check("first_token_histogram", histogram_cases, judge_histogram,
-                                   "first_token_histogram converges to p (1500 trees each, random and worked p and q)"),
+                                   "first_token_histogram converges to p (1000 trees each, random and worked p and q)"),
 }
