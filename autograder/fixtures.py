@@ -278,7 +278,9 @@ LABS: dict[str, LabFixtures] = {
     ),
     "lab03_trees": LabFixtures(
         target_cell="tree_attention_mask",
-        target_tests={"test_mask", "test_mask_hidden"},
+        # the 4D mask and the forward are built on tree_attention_mask: without it they fail too
+        target_tests={"test_mask", "test_mask_hidden", "test_mask4d", "test_mask4d_hidden", "test_tree_logits",
+                      "test_tree_logits_hidden"},
         reference_import=("from specdec_lab.tree import slot_visibility\n\n\n"
                           "def tree_attention_mask(parents):\n    return slot_visibility(tuple(parents))\n"),
         mistakes={
