@@ -38,10 +38,12 @@ import torch
 from specdec_lab import bench, decode, report
 from specdec_lab.drafters import DraftModelDrafter, PromptLookupDrafter
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec_lab.models import ModelPair, load_pair, zoo_path
 from specdec_lab.sampling import process_logits
 from specdec_lab.stats import DecodeStats
-from specdec_lab.verify import Verdict
+from specdec_lab.tree import DraftTree
+from specdec_lab.verify import TreeVerdict, Verdict
 
 # Top-level statements kept in the module: imports, definitions (and literal constants, see below).
 # Everything else (calls, prints, plots) is notebook activity.
@@ -468,6 +470,110 @@ def lab05_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.M
     ]
 
 
+# Lab 3's tree: every node's children are the head's candidates of ranks 0, 1, ... (no rank skipped), so the
+# children of a slot are draws without replacement from ONE distribution q (the head's), the setting of the
+# lab's `verify_tree_sampling`. (rank choices as in `specdec_lab.tree.sparse_tree`)
+LAB03_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 0, 0, 0)]
+
+
+def lab03_drafter(pair: ModelPair) -> MedusaDrafter:
+    """Medusa heads drafting LAB03_TREE: the zoo's heads when they fit the target, otherwise untrained heads
+    (zero-initialised, each one a copy of the target's next-token head, as Medusa training starts)."""
+    weights = next(pair.target.parameters())
+    hidden = pair.target.config.hidden_size
+    try:
+        heads = MedusaHeads.load(zoo_path() / "medusa", weights.device, weights.dtype)
+    except (FileNotFoundError, OSError, KeyError, RuntimeError):
+        heads = None
+    if heads is None or heads.hidden_size != hidden:
+        heads = MedusaHeads(hidden, 4).to(device=weights.device, dtype=weights.dtype).eval()
+    return MedusaDrafter(heads, tree=[c for c in LAB03_TREE if len(c) <= heads.num_heads])
+
+
+def slot_draft_probs(tree: DraftTree, node_probs: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """(n + 1, V) the distribution each slot's children were drawn from, the lab's `q` (root first).
+
+    node_probs: the engine's per-node q given the earlier siblings (`Draft.probs`); the first child of a slot
+    was drawn from the slot's q itself. Leaves have no children: their row is uniform and never read.
+    """
+    if node_probs is None:
+        raise ExportError("the benchmark's tree drafter gave no draft distributions to verify under sampling")
+    rows = torch.full((len(tree) + 1, vocab), 1.0 / vocab, device=node_probs.device)
+    for slot, children in enumerate(tree.children()):
+        if children:
+            rows[slot] = node_probs[children[0]]
+    return rows
+
+
+@contextlib.contextmanager
+def engine_tree_rules(module: ModuleType) -> Iterator[None]:
+    """Run the engine's tree step with the student's lab 3 code, then put the engine's back.
+
+    The engine feeds [root] + the tree's nodes with the root not yet cached; the lab's functions take a tree
+    below a cached root, so the root slot becomes node 0 of the student's tree (a child of the cached
+    context) and node i becomes node i + 1. Their `tree_position_ids`, `tree_attention_mask` and `tree_mask_4d`
+    build the forward's inputs; their `verify_tree` (greedy) or `verify_tree_sampling` decides.
+    """
+    originals = decode.tree_inputs, decode.additive_mask, decode.verify_tree
+    current: dict[str, list[int]] = {}
+
+    def tree_inputs(tree: DraftTree, draft, root: int, past: int):
+        parents = [-1] + [parent + 1 for parent in tree.parents.tolist()]
+        current["parents"] = parents
+        feed = torch.cat([tree.tokens.new_tensor([root]), tree.tokens])
+        positions = torch.as_tensor(module.tree_position_ids(parents, past), device=feed.device).reshape(1, -1)
+        return feed, positions, torch.as_tensor(module.tree_attention_mask(parents), device=feed.device)
+
+    def additive_mask(visible: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(module.tree_mask_4d(current["parents"], past, dtype), device=visible.device)
+
+    def verify_tree(tree: DraftTree, draft, logits: torch.Tensor, sampling, generator) -> TreeVerdict:
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        if sampling.greedy:
+            best = logits.argmax(-1).tolist()
+            path, token = module.verify_tree(tokens, parents, best[1:], best[0])
+        else:
+            p = process_logits(logits, sampling)
+            q = slot_draft_probs(tree, draft.probs, p.shape[-1])
+            path, token = module.verify_tree_sampling(tokens, parents, p, q, generator)
+        path = [int(node) for node in path]
+        if [parents[node] for node in path] != ([-1] + path)[: len(path)]:
+            raise ExportError(f"your tree verification returned the path {path} for the parents {parents}: it "
+                              "must be a path down from the root (each node a child of the one before)")
+        last = path[-1] + 1 if path else 0
+        return TreeVerdict(len(path), int(token), bool(tree.children()[last]), path)
+
+    decode.tree_inputs, decode.additive_mask, decode.verify_tree = tree_inputs, additive_mask, verify_tree
+    try:
+        yield
+    finally:
+        decode.tree_inputs, decode.additive_mask, decode.verify_tree = originals
+
+
+def lab03_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.Method]:
+    """Plain decoding, the engine's Medusa tree decoding, and the same with the student's tree code inside."""
+
+    def reference(context: bench.BenchContext) -> bench.Runner:
+        return bench.ours_runner(context, lab03_drafter(context.pair))
+
+    def yours(context: bench.BenchContext) -> bench.Runner:
+        run = bench.ours_runner(context, lab03_drafter(context.pair))
+
+        def run_with_your_tree_code(ids: list[int], seed: int) -> bench.RunResult:
+            with engine_tree_rules(module):
+                return run(ids, seed)
+
+        return run_with_your_tree_code
+
+    return [
+        bench.Method("plain", "specdec_lab.generate, autoregressive", "ours", "autoregressive",
+                     lambda c: bench.ours_runner(c, None)),
+        bench.Method("reference", "specdec_lab.generate, Medusa tree", "ours", "tree", reference),
+        bench.Method("yours", "specdec_lab.generate, Medusa tree, my mask, positions and verification", "ours",
+                     "tree", yours),
+    ]
+
+
 LAB_BENCHMARKS = [
     LabBenchmark(("train_eagle", "eagle_loss", "eagle_pairs"), "my EAGLE head",
                  "my `train_eagle` (and `train_eagle3`) train EAGLE heads on the lab's target; each head drafts "
@@ -478,6 +584,13 @@ LAB_BENCHMARKS = [
                  "`specdec_lab.generate` in place of the engine's own n-gram search, against the engine's "
                  "`PromptLookupDrafter` with the same longest n-gram and draft length (no draft model drafts)",
                  lab05_methods),
+    LabBenchmark(("tree_attention_mask", "tree_position_ids", "tree_mask_4d", "verify_tree", "verify_tree_sampling"),
+                 "my tree code",
+                 "my tree code (`tree_position_ids`, `tree_attention_mask` and `tree_mask_4d` build the target's "
+                 "one forward over a Medusa tree of 11 candidates; `verify_tree` at temperature 0 and "
+                 "`verify_tree_sampling` at temperature 1 decide what is kept) replaces the engine's own in "
+                 "`specdec_lab.generate`, against the engine's Medusa tree decoding with the same heads and tree",
+                 lab03_methods),
     LabBenchmark(("generate", "speculative_step"), "my loop",
                  "my loop (`generate` driving `speculative_step`: draft, one target forward, roll back both caches) "
                  "runs on the benchmark's target and draft models, against `specdec_lab.generate` with the same "

@@ -26,6 +26,7 @@ SOLUTION = ROOT / "solutions" / "lab01_sampling" / "lab01_sampling.ipynb"
 LOOP_SOLUTION = ROOT / "solutions" / "lab02_loop" / "lab02_loop.ipynb"
 TRAINING_SOLUTION = ROOT / "solutions" / "lab06_train_drafter" / "lab06_train_drafter.ipynb"
 LOOKAHEAD_SOLUTION = ROOT / "solutions" / "lab05_lookahead" / "lab05_lookahead.ipynb"
+TREE_SOLUTION = ROOT / "solutions" / "lab03_trees" / "lab03_trees.ipynb"
 SOLUTION_REGION = re.compile(r"### BEGIN SOLUTION\n.*?### END SOLUTION", re.S)
 
 CORRECT_VERIFY = '''
@@ -174,6 +175,49 @@ def test_lookup_that_drafts_too_much_is_refused(model_paths, tmp_path):
     nbformat.write(notebook, str(tmp_path / "lab05_lookahead.ipynb"))
     with pytest.raises(ExportError, match="returned .* tokens when asked for at most"):
         run_export(tmp_path / "lab05_lookahead.ipynb", tmp_path / "artifact", model_paths)
+
+
+def test_exported_tree_lab_imports_and_runs(model_paths, tmp_path):
+    """Lab 3: the student's positions, masks and tree verification drive the engine's Medusa tree decoding."""
+    out = run_export(TREE_SOLUTION, tmp_path / "artifact", model_paths)
+    module = import_artifact(out, "lab03_trees")
+    rows = module.tree_logits(module.model, module.CONTEXT, [1, 2, 3], [-1, -1, 0])  # on the lab's own tiny model
+    assert rows.shape == (4, module.VOCAB)
+    assert torch.allclose(rows[3], module.next_token_logits(module.model, module.CONTEXT + [1, 3]), atol=1e-5)
+    result = json.loads((out / "benchmark.json").read_text())
+    greedy = result["sets"]["temperature 0"]["methods"]
+    assert greedy["yours"]["outputs_equal_to_baseline"] == greedy["reference"]["outputs_equal_to_baseline"] == 2
+    assert greedy["yours"]["tau"] == pytest.approx(greedy["reference"]["tau"], abs=0.01)
+    assert set(result["sets"]["temperature 1"]["methods"]) == {"plain", "reference", "yours"}
+    assert "my tree code" in (out / "README.md").read_text()
+
+
+def solution_with(solution: Path, path: Path, old: str, new: str) -> Path:
+    """The solution notebook with `old` replaced by `new` in its source (a student's mistake)."""
+    notebook = nbformat.read(str(solution), as_version=4)
+    edited = [cell for cell in notebook.cells if old in cell.source]
+    assert len(edited) == 1
+    edited[0].source = edited[0].source.replace(old, new)
+    nbformat.write(notebook, str(path))
+    return path
+
+
+def test_wrong_tree_mask_is_caught_by_the_benchmark(model_paths, tmp_path):
+    """A 4D mask that hides the committed context: greedy tree decoding stops matching plain decoding."""
+    notebook = solution_with(TREE_SOLUTION, tmp_path / "lab03_trees.ipynb", "torch.ones(n, past, dtype=torch.bool)",
+                             "torch.zeros(n, past, dtype=torch.bool)")
+    out = run_export(notebook, tmp_path / "artifact", model_paths)
+    greedy = json.loads((out / "benchmark.json").read_text())["sets"]["temperature 0"]["methods"]
+    assert greedy["reference"]["outputs_equal_to_baseline"] == 2
+    assert greedy["yours"]["outputs_equal_to_baseline"] < 2
+
+
+def test_tree_verification_off_the_tree_is_refused(model_paths, tmp_path):
+    """A greedy verification that returns nodes which are not a root path cannot drive the engine."""
+    notebook = solution_with(TREE_SOLUTION, tmp_path / "lab03_trees.ipynb", "            return path, wanted",
+                             "            return path + [len(tokens) - 1], wanted")
+    with pytest.raises(ExportError, match="must be a path down from the root"):
+        run_export(notebook, tmp_path / "artifact", model_paths)
     assert not (tmp_path / "artifact").exists() and leftovers(tmp_path) == []
 
 
