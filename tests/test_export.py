@@ -138,6 +138,7 @@ def test_exported_eagle_lab_imports_and_runs(model_paths, tmp_path):
     """Lab 4: the student's dynamic_tree and head_forward draft in the engine with the same head as the engine's
     EAGLE-2 drafter (one built from the target: the zoo head does not fit these models); greedy outputs match
     plain decoding and the two draft the same trees, so their tau agree."""
+    assert ready(EAGLE_SOLUTION)[1].needs == ("head_forward", "eagle_chain", "dynamic_tree")  # lesson 8's check
     out = run_export(EAGLE_SOLUTION, tmp_path / "artifact", model_paths)
     module = import_artifact(out, "lab04_eagle")
     tokens, parents = module.dynamic_tree(module.head, module.target_features(module.PROMPT[:2]), module.PROMPT[:3],
