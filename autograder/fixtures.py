@@ -339,25 +339,41 @@ LABS: dict[str, LabFixtures] = {
     ),
     "lab04_eagle": LabFixtures(
         target_cell="eagle_chain",
-        target_tests={"test_chain", "test_chain_hidden"},
+        target_tests={"test_chain", "test_chain_hidden", "test_chain_loop"},
         reference_import=("from specdec_lab.drafters.eagle import EagleDrafter\n\n\n"
-                          "def eagle_chain(feature, token, k):\n"
-                          "    return EagleDrafter.chain(head, feature, token, k)\n"),
+                          "def eagle_chain(head, features, tokens, k):\n"
+                          "    return EagleDrafter(head, depth=k).propose(features, tokens)\n"),
         mistakes={
             "no_token_shift": Mistake("eagle_training_pairs", "features[:-1], tokens[1:], features[1:]",
-                                      "features[:-1], tokens[:-1], features[1:]", {"test_pairs_hidden"}),
-            "chain_reuses_first_feature": Mistake("eagle_chain", "        feature = head(feature, token)\n"
-                                                  "        token = int(logits_of(feature).argmax())",
-                                                  "        token = int(logits_of(head(feature, token)).argmax())",
-                                                  {"test_chain_hidden"}),
+                                      "features[:-1], tokens[:-1], features[1:]", {"test_pairs", "test_pairs_hidden"}),
+            "head_without_mask": Mistake("head_forward", "attention_mask=causal_mask(len(tokens), "
+                                         "cache.get_seq_length())", "attention_mask=None",
+                                         {"test_head", "test_head_hidden", "test_dynamic_tree",
+                                          "test_dynamic_tree_hidden"}),
+            "head_positions_from_zero": Mistake("head_forward", "    position_ids = positions[None]",
+                                                "    position_ids = torch.arange(len(tokens))[None]",
+                                                {"test_head", "test_head_hidden"}),
+            "feature_token_misaligned": Mistake("eagle_chain", "torch.tensor(tokens[1:]), torch.arange(n)",
+                                                "torch.tensor(tokens[:-1]), torch.arange(n)",
+                                                {"test_chain", "test_chain_hidden", "test_chain_loop"}),
+            "chain_feeds_target_feature": Mistake("eagle_chain", "head_forward(head, feature[None]",
+                                                  "head_forward(head, features[-1:]",
+                                                  {"test_chain", "test_chain_hidden"}),
+            "chain_cache_reset": Mistake("eagle_chain", "torch.tensor([n + i]), cache)[0]",
+                                         "torch.tensor([n + i]), head.new_cache())[0]",
+                                         {"test_chain", "test_chain_hidden", "test_chain_loop"}),
             "parents_not_renumbered": Mistake("select_nodes", "[position[parents[node]] if parents[node] != -1 else -1 "
                                               "for node in kept]", "[parents[node] for node in kept]",
-                                              {"test_select_hidden", "test_dynamic_tree_hidden"}),
+                                              {"test_select", "test_select_hidden"}),
             "ranked_by_local_probability": Mistake("dynamic_tree", "scores.append(score + child_logp)",
                                                    "scores.append(child_logp)",
-                                                   {"test_dynamic_tree", "test_dynamic_tree_hidden"}),
-            "frontier_not_pruned": Mistake("dynamic_tree", "key=lambda i: (-scores[i], i))[:top_k]]",
-                                           "key=lambda i: (-scores[i], i))]", {"test_dynamic_tree_hidden"}),
+                                                   {"test_dynamic_tree", "test_dynamic_tree_hidden", "test_tree_loop"}),
+            "frontier_not_pruned": Mistake("dynamic_tree", "key=lambda i: (-scores[i], i))[:top_k]",
+                                           "key=lambda i: (-scores[i], i))", {"test_dynamic_tree",
+                                                                              "test_dynamic_tree_hidden"}),
+            "tree_ignores_ancestors": Mistake("dynamic_tree", "                while parents[path[0]] != -1:\n"
+                                              "                    path.insert(0, parents[path[0]])\n", "",
+                                              {"test_dynamic_tree", "test_dynamic_tree_hidden"}),
         },
     ),
     "lab06_train_drafter": LabFixtures(

@@ -38,6 +38,7 @@ import torch
 from specdec_lab import bench, decode, report
 from specdec_lab.drafters import DraftModelDrafter, PromptLookupDrafter
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec_lab.models import ModelPair, load_pair, zoo_path
 from specdec_lab.sampling import process_logits
@@ -574,7 +575,96 @@ def lab03_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.M
     ]
 
 
+# Lab 4's tree settings, the same for the engine's EAGLE-2 drafter and the student's `dynamic_tree`.
+EAGLE_TREE = {"depth": 4, "top_k": 4}
+
+
+def eagle_head_for(target: torch.nn.Module) -> tuple[EagleHead, str]:
+    """The zoo's trained EAGLE head when it fits `target`, else a head built from the target as in lab 4 (its
+    decoder layer and norm copy the target's last ones, `fc` passes the token embedding through with a small
+    seeded share of the feature). Returns the head and a phrase saying which it is."""
+    try:
+        return EagleHead.load(zoo_path() / "eagle", target), "the zoo's trained EAGLE head"
+    except (FileNotFoundError, ValueError, RuntimeError):
+        pass
+    head = EagleHead(EagleConfig.from_target(target)).attach(target).eval()
+    head.init_from_target_layer(target)
+    hidden = head.config.hidden_size
+    mixing = 0.005 * torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(1)) / hidden ** 0.5
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.cat([mixing, torch.eye(hidden)], dim=1).to(head.fc.weight))
+        head.fc.bias.zero_()
+    return head, "a head built from the target as in the lab (no zoo head fits it)"
+
+
+class StudentEagleDrafter(Drafter):
+    """The student's lab-4 `dynamic_tree` (with their `head_forward` inside) as an engine drafter.
+
+    It keeps the target's features of every verified position (the engine hands over those of the newly
+    accepted ones after each step) and asks the student's code for a tree after the whole context. Their tree
+    is a function of the context alone, so it is verified as point masses (probs=None), lossless when sampling
+    as for the engine's own EAGLE-2 trees.
+    """
+
+    needs_hidden_states = True
+
+    def __init__(self, module: ModuleType, head: EagleHead, budget: int):
+        self.module, self.head, self.budget = module, head, budget
+        self.features: torch.Tensor | None = None
+
+    def start(self, state: DecodeState) -> None:
+        self.features = self.head.fuse_features(state.hidden_states)
+
+    def commit(self, state: DecodeState, accepted: int) -> None:
+        self.features = torch.cat([self.features, self.head.fuse_features(state.hidden_states)])
+
+    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
+        depth = min(EAGLE_TREE["depth"], max_tokens)
+        with torch.no_grad():
+            tokens, parents = self.module.dynamic_tree(self.head, self.features, list(state.tokens), depth,
+                                                       EAGLE_TREE["top_k"], self.budget)
+        tokens, parents = [int(t) for t in tokens], [int(p) for p in parents]
+        if not tokens or len(parents) != len(tokens) or any(not -1 <= p < i for i, p in enumerate(parents)):
+            raise ExportError(f"your dynamic_tree returned tokens {tokens[:20]} with parents {parents[:20]}: it "
+                              "must return as many parents as tokens, each -1 or an earlier node")
+        return Draft(torch.tensor(tokens, device=state.device), None,
+                     parents=torch.tensor(parents, device=state.device))
+
+
+def lab04_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.Method]:
+    """The engine's EAGLE-2 drafter against the student's `dynamic_tree` and `head_forward`, same head and tree
+    settings (the engine ranks nodes at temperature 1, EAGLE-2's own ranking, as the lab does)."""
+    heads: dict[int, tuple[EagleHead, str]] = {}
+
+    def head_of(context: bench.BenchContext) -> EagleHead:
+        key = id(context.pair.target)
+        if key not in heads:
+            heads[key] = eagle_head_for(context.pair.target)
+        return heads[key][0]
+
+    def reference(context: bench.BenchContext) -> bench.Runner:
+        drafter = EagleDrafter(head_of(context), mode="tree", total_tokens=config.tree_tokens, rank_temperature=1.0,
+                               **EAGLE_TREE)
+        return bench.ours_runner(context, drafter)
+
+    def yours(context: bench.BenchContext) -> bench.Runner:
+        # Their `embed` and `logits_of` read the module global `target`: point it at the benchmark's target.
+        module.target = context.pair.target
+        return bench.ours_runner(context, StudentEagleDrafter(module, head_of(context), config.tree_tokens))
+
+    return [
+        bench.Method("plain", "specdec_lab.generate, autoregressive", "ours", "autoregressive",
+                     lambda c: bench.ours_runner(c, None)),
+        bench.Method("reference", "specdec_lab.generate, EAGLE-2 tree", "ours", "tree", reference),
+        bench.Method("yours", "specdec_lab.generate, my EAGLE-2 tree and head forward", "ours", "tree", yours),
+    ]
+
 LAB_BENCHMARKS = [
+    LabBenchmark(("head_forward", "eagle_chain", "dynamic_tree"), "my EAGLE-2 tree",
+                 "my `dynamic_tree` (with my `head_forward` inside) drafts EAGLE-2 trees from the zoo's trained EAGLE "
+                 "head (or, for a target the zoo head does not fit, a head built from it as in the lab) in "
+                 "`specdec_lab.generate`, against the engine's own EAGLE-2 drafter with the same head, depth "
+                 f"{EAGLE_TREE['depth']}, top-k {EAGLE_TREE['top_k']} and verification budget", lab04_methods),
     LabBenchmark(("train_eagle", "eagle_loss", "eagle_pairs"), "my EAGLE head",
                  "my `train_eagle` (and `train_eagle3`) train EAGLE heads on the lab's target; each head drafts "
                  "through a thin adapter (`HeadChainDrafter`) in `specdec_lab.generate`, against an untrained head",

@@ -27,6 +27,7 @@ LOOP_SOLUTION = ROOT / "solutions" / "lab02_loop" / "lab02_loop.ipynb"
 TRAINING_SOLUTION = ROOT / "solutions" / "lab06_train_drafter" / "lab06_train_drafter.ipynb"
 LOOKAHEAD_SOLUTION = ROOT / "solutions" / "lab05_lookahead" / "lab05_lookahead.ipynb"
 TREE_SOLUTION = ROOT / "solutions" / "lab03_trees" / "lab03_trees.ipynb"
+EAGLE_SOLUTION = ROOT / "solutions" / "lab04_eagle" / "lab04_eagle.ipynb"
 SOLUTION_REGION = re.compile(r"### BEGIN SOLUTION\n.*?### END SOLUTION", re.S)
 
 CORRECT_VERIFY = '''
@@ -321,3 +322,30 @@ def test_ready_makes_the_same_checks_as_export(tmp_path):
     assert "smoothed" in extract(tmp_path / "broken.ipynb").functions  # extraction alone does not import
     with pytest.raises(ExportError, match="fails to import: NameError"):
         ready(tmp_path / "broken.ipynb")
+
+
+def test_exported_eagle_lab_imports_and_runs(model_paths, tmp_path):
+    """Lab 4: the student's dynamic_tree and head_forward draft in the engine with the same head as the engine's
+    EAGLE-2 drafter (one built from the target: the zoo head does not fit these models); greedy outputs match
+    plain decoding and the two draft the same trees, so their tau agree."""
+    assert ready(EAGLE_SOLUTION)[1].needs == ("head_forward", "eagle_chain", "dynamic_tree")  # lesson 8's check
+    out = run_export(EAGLE_SOLUTION, tmp_path / "artifact", model_paths)
+    module = import_artifact(out, "lab04_eagle")
+    tokens, parents = module.dynamic_tree(module.head, module.target_features(module.PROMPT[:2]), module.PROMPT[:3],
+                                          depth=4, top_k=2, budget=8)  # on the lab's own tiny models
+    assert len(tokens) == len(parents) == 8 and parents[0] == -1
+    greedy = json.loads((out / "benchmark.json").read_text())["sets"]["temperature 0"]["methods"]
+    assert greedy["yours"]["outputs_equal_to_baseline"] == greedy["reference"]["outputs_equal_to_baseline"] == 2
+    assert greedy["yours"]["tau"] == pytest.approx(greedy["reference"]["tau"], abs=0.01)
+    assert greedy["reference"]["tau"] > 1.0, "the head built from the target should get some drafts accepted"
+    text = (out / "README.md").read_text()
+    assert "my `dynamic_tree`" in text and "`head_forward`" in text
+
+
+def test_blank_eagle_release_is_refused_with_the_unfinished_exercises(model_paths, tmp_path):
+    notebook = blank_release(EAGLE_SOLUTION, tmp_path / "lab04_eagle.ipynb")
+    with pytest.raises(ExportError, match=r"is not finished: 5 exercise\(s\) still raise NotImplementedError "
+                                          r"\(eagle_training_pairs, head_forward, eagle_chain, select_nodes, "
+                                          r"dynamic_tree\)"):
+        run_export(notebook, tmp_path / "artifact", model_paths)
+    assert not (tmp_path / "artifact").exists() and leftovers(tmp_path) == []

@@ -1,14 +1,38 @@
-"""Checks of lab 4 (EAGLE drafting): the feature/token shift, rolling the head on its own features, ranking by
-cumulative score with renumbered parents, and the EAGLE-2 dynamic tree (frontier pruned to top_k, nodes ranked
-by path probability). Hidden cases use random features and settings drawn for every run."""
+"""Checks of lab 4 (EAGLE drafting with a real head): the feature/token shift, the head's forward pass (fc over
+[feature ; embedding], one Llama decoder layer with its KV cache, the closing norm), rolling the head on its own
+features with one cache, ranking by cumulative score with renumbered parents, the EAGLE-2 dynamic tree, and
+both drafters plugged into greedy speculative decoding (tau). Hidden cases use random prompts, heads and
+settings drawn for every run; the loop checks re-verify the student's drafts against the reference target."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from autograder.checks._common import Check, as_ints, as_tensor, decode, fixed, require, require_close, show
 
-D = 16  # the lab's feature size
+D, VOCAB = 32, 64  # the lab's feature size and vocabulary
+PROMPT = [5, 17, 42, 8, 23, 61, 3]  # the lab's prompt
+
+
+def ref_head(ref: dict, case: dict):
+    return ref["head"] if "head_seed" not in case else ref["EagleHead"](seed=case["head_seed"],
+                                                                        feature_share=case["feature_share"])
+
+
+def random_prompt(generator: torch.Generator, low: int = 4, high: int = 10) -> list[int]:
+    n = int(torch.randint(low, high, (1,), generator=generator))
+    return torch.randint(0, VOCAB, (n,), generator=generator).tolist()
+
+
+def random_head(generator: torch.Generator) -> dict:
+    """A head of the lab's construction: a random seed, and a feature share from the lab's to ten times it."""
+    return {"head_seed": int(torch.randint(2, 10_000, (1,), generator=generator)),
+            "feature_share": [0.005, 0.02, 0.05][int(torch.randint(0, 3, (1,), generator=generator))]}
+
+
+# ------------------------------------------------------------------------------------------ 1. training pairs
 
 
 def judge_pairs(inputs: dict, answers: list, ref: dict) -> None:
@@ -26,25 +50,149 @@ def judge_pairs(inputs: dict, answers: list, ref: dict) -> None:
         require_close(got[2], features[1:], f"the target features for {n} positions (those of positions 1 .. n - 1)")
 
 
+PAIRS_VISIBLE = {"cases": [{"features": torch.arange(12.0).reshape(6, 2).tolist(), "tokens": [10, 11, 12, 13, 14, 15]}]}
+
+
 def pairs_cases(generator: torch.Generator, ref: dict) -> dict:
     n = int(torch.randint(5, 9, (1,), generator=generator))
-    return {"cases": [{"features": torch.arange(12.0).reshape(6, 2).tolist(), "tokens": [10, 11, 12, 13, 14, 15]},
-                      {"features": torch.randn(n, D, generator=generator).tolist(),
-                       "tokens": torch.randperm(32, generator=generator)[:n].tolist()}]}
+    return {"cases": [{"features": torch.randn(n, D, generator=generator).tolist(),
+                       "tokens": torch.randperm(VOCAB, generator=generator)[:n].tolist()}]}
+
+
+# ------------------------------------------------------------------------------------------ 2. head forward
+
+
+def chunks_of(features: torch.Tensor, tokens: list[int], start: int, sizes: list[int]) -> list[dict]:
+    chunks, at = [], 0
+    for size in sizes:
+        chunks.append({"features": features[at : at + size].tolist(), "tokens": tokens[at : at + size],
+                       "positions": list(range(start + at, start + at + size))})
+        at += size
+    return chunks
+
+
+def head_visible(generator: torch.Generator, ref: dict) -> dict:
+    features = ref["target_features"](PROMPT)[:6]
+    whole = {"chunks": chunks_of(features, PROMPT[1:7], 0, [6])}
+    return {"cases": [whole, {"chunks": chunks_of(features, PROMPT[1:7], 0, [2, 4])}]}
+
+
+def judge_head_visible(inputs: dict, answers: list, ref: dict) -> None:
+    outputs = [decode(a) for a in answers]
+    require(all(isinstance(o, list) for o in outputs), f"head_forward should return a tensor per call, got "
+                                                       f"{show(outputs)}")
+    whole = as_tensor(outputs[0][0], (6, D))
+    split = torch.cat([as_tensor(outputs[1][0], (2, D)), as_tensor(outputs[1][1], (4, D))])
+    require(torch.allclose(whole, split, atol=1e-5), f"6 positions at once vs 2 then 4 with the cache: expected equal "
+                                                     f"features, max difference {(whole - split).abs().max():.3g} "
+                                                     "(check the mask and position ids)")
+    predicted = ref["logits_of"](whole.float()).argmax(-1).tolist()
+    require(predicted == [8, 46, 61, 33, 39, 38], f"tokens predicted from the head's features: expected "
+                                                  f"[8, 46, 61, 33, 39, 38], got {predicted}")
+    expected = torch.tensor([-2.186, -0.46, -1.268, 0.535])
+    require(torch.allclose(whole[-1, :4].float(), expected, atol=2e-3),
+            f"the last predicted feature starts with {expected.tolist()} (after head.norm), got "
+            f"{[round(v, 3) for v in whole[-1, :4].tolist()]}")
+
+
+def head_cases(generator: torch.Generator, ref: dict) -> dict:
+    cases = []
+    for sizes in ([3, 1, 1], [2, 4], [5]):
+        prompt = random_prompt(generator, 7, 9)
+        n = sum(sizes)
+        features = ref["target_features"](prompt)[:n] if len(cases) != 2 else torch.randn(n, D, generator=generator)
+        cases.append({**random_head(generator), "chunks": chunks_of(features, prompt[1 : n + 1], 0, sizes)})
+    return {"cases": cases}
+
+
+def judge_head(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        head = ref_head(ref, case)
+        cache = head.new_cache()
+        got = decode(answer)
+        require(isinstance(got, list) and len(got) == len(case["chunks"]), f"head_forward should return a tensor "
+                                                                           f"per call, got {show(got)}")
+        for number, (chunk, out) in enumerate(zip(case["chunks"], got, strict=True)):
+            with torch.no_grad():
+                expected = ref["head_forward"](head, torch.tensor(chunk["features"]), torch.tensor(chunk["tokens"]),
+                                               torch.tensor(chunk["positions"]), cache)
+            require_close(out, expected, f"call {number + 1} of {len(got)} into one cache (positions "
+                                         f"{chunk['positions']}, feature share {case['feature_share']})", atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ 3. chain
+
+
+CHAIN_VISIBLE = {"cases": [{"tokens": PROMPT, "k": 5}, {"tokens": PROMPT[:4], "k": 6}]}
+
+
+def judge_chain_visible(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer, expected in zip(inputs["cases"], answers, ([38, 31, 43, 8, 61], [61, 27, 61, 39, 51, 27]),
+                                      strict=True):
+        got = as_ints(answer)
+        label = "PROMPT" if case["tokens"] == PROMPT else "PROMPT[:4]"
+        require(got == expected, f"eagle_chain after {label}, k={case['k']}: expected {expected}, got {got}")
+
+
+def chain_cases(generator: torch.Generator, ref: dict) -> dict:
+    return {"cases": [{**random_head(generator), "tokens": random_prompt(generator), "k": 5} for _ in range(3)]}
 
 
 def judge_chain(inputs: dict, answers: list, ref: dict) -> None:
     for case, answer in zip(inputs["cases"], answers, strict=True):
         with torch.no_grad():
-            expected = ref["eagle_chain"](torch.tensor(case["feature"]), case["token"], case["k"])
+            expected = ref["eagle_chain"](ref_head(ref, case), ref["target_features"](case["tokens"][:-1]),
+                                          list(case["tokens"]), case["k"])
         got = as_ints(answer)
-        require(got == expected, f"eagle_chain(feature, token={case['token']}, k={case['k']}): expected {expected}, "
-                                 f"got {got}")
+        require(got == expected, f"eagle_chain after {case['tokens']} (k={case['k']}, a head of feature share "
+                                 f"{case['feature_share']}): expected {expected}, got {got}")
 
 
-def chain_cases(generator: torch.Generator, ref: dict) -> dict:
-    return {"cases": [{"feature": torch.randn(D, generator=generator).tolist(),
-                       "token": int(torch.randint(0, 32, (1,), generator=generator)), "k": 5} for _ in range(3)]}
+# ------------------------------------------------------------------------------------------ loops
+
+
+def loop_inputs(**settings) -> Callable[[torch.Generator, dict], dict]:
+    def inputs(generator: torch.Generator, ref: dict) -> dict:
+        with torch.no_grad():
+            wanted = ref["greedy"](PROMPT, 32)
+        return {"prompt": PROMPT, "greedy": wanted, **settings}
+
+    return inputs
+
+
+def replay(inputs: dict, answer) -> float:
+    """Verify the student's recorded drafts against the reference greedy output; return tau."""
+    got = decode(answer)
+    require(isinstance(got, dict) and isinstance(got.get("steps"), list), f"expected the drafts of every step, got "
+                                                                          f"{show(got)}")
+    wanted, emitted, steps = inputs["greedy"], 0, got["steps"]
+    for number, step in enumerate(steps):
+        tokens, parents = as_ints(step.get("tokens")), as_ints(step.get("parents"))
+        require(step.get("at") == emitted and len(parents) == len(tokens)
+                and all(-1 <= p < i for i, p in enumerate(parents)) and all(0 <= t < VOCAB for t in tokens),
+                f"step {number + 1}: the draft {tokens} with parents {parents} is not a well-formed draft")
+        node, count = -1, 0
+        while emitted + count < len(wanted):
+            node = next((i for i in range(len(tokens)) if parents[i] == node and tokens[i] == wanted[emitted + count]),
+                        None)
+            if node is None:
+                break
+            count += 1
+        emitted += count + 1
+    require(emitted >= len(wanted), f"the drafts stopped after {emitted} of {len(wanted)} tokens")
+    return len(wanted) / len(steps)
+
+
+def judge_loop(threshold: float, reference: float, label: str):
+    def judge(inputs: dict, answer, ref: dict) -> None:
+        tau = replay(inputs, answer)
+        require(tau >= threshold, f"{label}: expected tau >= {threshold} with this head (the reference reaches "
+                                  f"{reference}), got {tau:.2f}: the drafts are rarely accepted")
+
+    return judge
+
+
+# ------------------------------------------------------------------------------------------ 4. select
 
 
 def judge_select(inputs: dict, answers: list, ref: dict) -> None:
@@ -57,6 +205,9 @@ def judge_select(inputs: dict, answers: list, ref: dict) -> None:
         label = f"select_nodes(parents={case['parents']}, scores={show(case['scores'])}, budget={case['budget']})"
         require(kept == expected[0], f"{label}: expected the nodes {expected[0]}, got {kept}")
         require(parents == expected[1], f"{label}: expected the renumbered parents {expected[1]}, got {parents}")
+
+
+SELECT_VISIBLE = {"cases": [{"parents": [-1, -1, 1, 0], "scores": [-2.0, -0.1, -0.4, -3.0], "budget": 2}]}
 
 
 def select_cases(generator: torch.Generator, ref: dict) -> dict:
@@ -72,66 +223,73 @@ def select_cases(generator: torch.Generator, ref: dict) -> dict:
     return {"cases": cases}
 
 
-def judge_tree(inputs: dict, answers: list, ref: dict) -> None:
-    for case, answer in zip(inputs["cases"], answers, strict=True):
-        with torch.no_grad():
-            expected = ref["dynamic_tree"](torch.tensor(case["feature"]), case["token"], depth=case["depth"],
-                                           top_k=case["top_k"], budget=case["budget"])
-        got = decode(answer)
-        require(isinstance(got, list) and len(got) == 2, f"dynamic_tree should return (tokens, parents), got "
-                                                         f"{show(got)}")
-        tokens, parents = as_ints(got[0]), as_ints(got[1])
-        label = f"dynamic_tree(depth={case['depth']}, top_k={case['top_k']}, budget={case['budget']})"
-        require((tokens, parents) == (list(expected[0]), list(expected[1])),
-                f"{label}: expected tokens {list(expected[0])} with parents {list(expected[1])}, got tokens "
-                f"{tokens} with parents {parents}")
+# ------------------------------------------------------------------------------------------ 5. dynamic tree
 
 
-def tree_visible_case() -> dict:
-    return {"cases": [{"feature": [0.0] * D, "token": 3, "depth": 3, "top_k": 2, "budget": 5}]}
+TREE_VISIBLE = {"cases": [{"tokens": PROMPT[:3], "depth": 4, "top_k": 2, "budget": 8}]}
 
 
 def judge_tree_visible(inputs: dict, answers: list, ref: dict) -> None:
     got = decode(answers[0])
     require(isinstance(got, list) and len(got) == 2, f"dynamic_tree should return (tokens, parents), got {show(got)}")
     tokens, parents = as_ints(got[0]), as_ints(got[1])
-    require(len(tokens) == 5 and len(parents) == 5 and parents[0] == -1,
-            f"a tree of budget 5 should have 5 tokens and 5 parents, the first a child of the root; got tokens "
-            f"{tokens} and parents {parents}")
+    expected = ([46, 39, 54, 0, 51, 14, 54, 58], [-1, -1, 0, 0, 1, 1, 2, 2])
+    require((tokens, parents) == expected, f"dynamic_tree after PROMPT[:3] (depth 4, top_k 2, budget 8): expected "
+                                           f"tokens {expected[0]} with parents {expected[1]}, got tokens {tokens} "
+                                           f"with parents {parents}")
 
 
 def tree_cases(generator: torch.Generator, ref: dict) -> dict:
-    # deep trees with a budget larger than top_k: only a frontier pruned to top_k gives EAGLE-2's tree
-    settings = [(4, 3, 8), (3, 2, 6), (5, 2, 9), (4, 3, 12)]
-    return {"cases": [{"feature": torch.randn(D, generator=generator).tolist(),
-                       "token": int(torch.randint(0, 32, (1,), generator=generator)),
-                       "depth": depth, "top_k": top_k, "budget": budget} for depth, top_k, budget in settings]}
+    # The lab's head after PROMPT[:3] and [:5]: deep trees whose budget exceeds top_k, where an unpruned
+    # frontier, local ranking or a node fed without its ancestors each change the tree; then random cases.
+    cases = [{"tokens": PROMPT[:3], "depth": 5, "top_k": 2, "budget": 10},
+             {"tokens": PROMPT[:5], "depth": 5, "top_k": 2, "budget": 10}]
+    for depth, top_k, budget in ((4, 3, 10), (5, 2, 9), (4, 3, 12)):
+        cases.append({**random_head(generator), "tokens": random_prompt(generator), "depth": depth, "top_k": top_k,
+                      "budget": budget})
+    return {"cases": cases}
+
+
+def judge_tree(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        with torch.no_grad():
+            expected = ref["dynamic_tree"](ref_head(ref, case), ref["target_features"](case["tokens"][:-1]),
+                                           list(case["tokens"]), depth=case["depth"], top_k=case["top_k"],
+                                           budget=case["budget"])
+        got = decode(answer)
+        require(isinstance(got, list) and len(got) == 2, f"dynamic_tree should return (tokens, parents), got "
+                                                         f"{show(got)}")
+        tokens, parents = as_ints(got[0]), as_ints(got[1])
+        label = (f"dynamic_tree after {case['tokens']} (depth={case['depth']}, top_k={case['top_k']}, "
+                 f"budget={case['budget']})")
+        require((tokens, parents) == (list(expected[0]), list(expected[1])),
+                f"{label}: expected tokens {list(expected[0])} with parents {list(expected[1])}, got tokens "
+                f"{tokens} with parents {parents}")
 
 
 CHECKS = {
-    "test_pairs": Check(
-        "eagle_training_pairs", lambda g, ref: {"cases": [{"features": torch.randn(5, D, generator=g).tolist(),
-                                                          "tokens": list(range(5))}]},
-        lambda inputs, answers, ref: require(
-            isinstance(got := decode(answers[0]), list) and len(got) == 3
-            and [tuple(as_tensor(t).shape) for t in got] == [(4, D), (4,), (4, D)],
-            f"eagle_training_pairs on 5 positions should return shapes (4, {D}), (4,), (4, {D}), got {show(got)}"),
-        "eagle_training_pairs' shapes on the visible case"),
+    "test_pairs": Check("eagle_training_pairs", fixed(PAIRS_VISIBLE), judge_pairs,
+                        "eagle_training_pairs on the visible numbered case"),
     "test_pairs_hidden": Check("eagle_training_pairs", pairs_cases, judge_pairs,
-                               "eagle_training_pairs on numbered and random features"),
-    "test_chain": Check(
-        "eagle_chain", fixed({"cases": [{"feature": [0.0] * D, "token": 3, "k": 4}]}),
-        lambda inputs, answers, ref: require(len(got := as_ints(answers[0])) == 4 and all(0 <= t < 32 for t in got),
-                                             f"eagle_chain(k=4) should return 4 token ids, got {got}"),
-        "eagle_chain's length on the visible case"),
-    "test_chain_hidden": Check("eagle_chain", chain_cases, judge_chain, "eagle_chain from random features"),
-    "test_select": Check("select_nodes", fixed({"cases": [{"parents": [-1, -1, 0], "scores": [-0.1, -3.0, -0.5],
-                                                           "budget": 2}]}),
-                         judge_select, "select_nodes on the visible case"),
+                               "eagle_training_pairs on random features"),
+    "test_head": Check("head_forward", head_visible, judge_head_visible,
+                       "head_forward on the lab's prompt: all at once vs with the cache, tokens and values"),
+    "test_head_hidden": Check("head_forward", head_cases, judge_head,
+                              "head_forward against the reference, chunk by chunk into one cache, random heads"),
+    "test_chain": Check("eagle_chain", fixed(CHAIN_VISIBLE), judge_chain_visible,
+                        "eagle_chain on the visible cases"),
+    "test_chain_hidden": Check("eagle_chain", chain_cases, judge_chain,
+                               "eagle_chain against the reference after random prompts, random heads"),
+    "test_chain_loop": Check("chain_loop", loop_inputs(k=4), judge_loop(2.0, 2.13, "EAGLE chain, k = 4"),
+                             "eagle_chain in greedy speculative decoding: tau"),
+    "test_select": Check("select_nodes", fixed(SELECT_VISIBLE), judge_select, "select_nodes on the visible case"),
     "test_select_hidden": Check("select_nodes", select_cases, judge_select,
                                 "select_nodes on a hand-made and random scored trees"),
-    "test_dynamic_tree": Check("dynamic_tree", fixed(tree_visible_case()), judge_tree_visible,
-                               "dynamic_tree's size on the visible case"),
+    "test_dynamic_tree": Check("dynamic_tree", fixed(TREE_VISIBLE), judge_tree_visible,
+                               "dynamic_tree on the visible case"),
     "test_dynamic_tree_hidden": Check("dynamic_tree", tree_cases, judge_tree,
-                                      "dynamic_tree from random features, deep trees with pruned frontiers"),
+                                      "dynamic_tree against the reference: deep trees, random prompts and heads"),
+    "test_tree_loop": Check("tree_loop", loop_inputs(depth=4, top_k=3, budget=10),
+                            judge_loop(2.6, 2.91, "EAGLE-2 tree, depth 4, top_k 3, budget 10"),
+                            "dynamic_tree in greedy speculative decoding: tau"),
 }
