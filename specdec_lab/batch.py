@@ -139,7 +139,7 @@ class BatchDraftModel:
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep only the listed rows (sequences that finished leave the batch)."""
-        self.cache.select_rows(torch.tensor(rows))
+        self.cache.select_rows(torch.tensor(rows, device=self.cache.valid.device))
         self.cached = [self.cached[r] for r in rows]
 
 
@@ -232,7 +232,7 @@ def generate_batch(
             keep = [row for row in range(len(live)) if row not in finished]
             live, tokens, cached = [live[r] for r in keep], [tokens[r] for r in keep], [cached[r] for r in keep]
             if keep:
-                target_cache.select_rows(torch.tensor(keep))
+                target_cache.select_rows(torch.tensor(keep, device=device))
                 if draft is not None:
                     draft.select_rows(keep)
 
