@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -82,6 +83,38 @@ def measure_batches(pair: ModelPair, batch_sizes: list[int], k: int = 4, max_new
         points.append(BatchPoint(batch, round(plain, 1), round(speculative, 1), round(speculative / plain, 2),
                                  round(tau, 2), same))
     return points
+
+
+@torch.inference_mode()
+def verify_cost(model: torch.nn.Module, batch: int, k: int, context: int = 64, repeats: int = 7) -> dict:
+    """What verification costs at one batch size: median ms of one cached forward over 1 and over k + 1 new
+    tokens per sequence, for `batch` sequences after a `context`-token prefix, and their ratio.
+
+    At batch 1 on most hardware the ratio is near 1 (the forward is memory-bound: verification is almost free);
+    it grows toward k + 1 as the batch makes the forward compute-bound.
+    """
+    from specdec_lab.cache import new_cache, truncate
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    cache = new_cache(model)
+    model(input_ids=torch.randint(0, vocab, (batch, context), generator=gen).to(device), cache=cache, use_cache=True)
+    feeds = {n: torch.randint(0, vocab, (batch, n), generator=gen).to(device) for n in (1, k + 1)}
+    times: dict[int, list[float]] = {1: [], k + 1: []}
+    for _ in range(repeats):
+        for n, feed in feeds.items():  # in turns, so a slow patch of a shared machine hits both
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(input_ids=feed, cache=cache, use_cache=True, logits_to_keep=n)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[n].append(time.perf_counter() - start)
+            truncate(cache, context)
+    one, many = statistics.median(times[1]) * 1e3, statistics.median(times[k + 1]) * 1e3
+    return {"batch": batch, "one_token_ms": round(one, 2), "k_plus_1_tokens_ms": round(many, 2),
+            "ratio": round(many / one, 2)}
 
 
 def format_table(points: list[BatchPoint]) -> str:

@@ -176,3 +176,38 @@ def test_the_batch_check_rejects_mixed_up_sequences(known_pair, chi_square, monk
 def test_bad_batches_get_a_clear_error(call, message, tiny_target, tiny_draft):
     with pytest.raises(ValueError, match=message):
         call(tiny_target, tiny_draft)
+
+
+# --- Measuring batches (the lesson's table and chart, the device check's step 4) -----------------------------------
+
+
+def test_measure_batches_reports_both_methods_and_their_agreement(tiny_target, close_draft, prompts):
+    from specdec_lab.batch_bench import format_table, measure_batches
+    from specdec_lab.models import ModelPair
+
+    points = measure_batches(ModelPair(tiny_target, close_draft, None), [1, 3], k=3, max_new_tokens=6, repeats=1,
+                             prompts=prompts[:3], warmup=0)
+    assert [p.batch for p in points] == [1, 3]
+    assert all(p.same_as_plain == p.batch for p in points)  # fp32 greedy: every sequence equals plain decoding
+    assert all(p.speedup == round(p.speculative_tokens_per_second / p.plain_tokens_per_second, 2) for p in points)
+    assert all(1.0 <= p.tau <= 4.0 for p in points)
+    assert format_table(points).splitlines()[3].startswith("| 3 |")
+    with pytest.raises(ValueError, match="needs a pair with a draft model"):
+        measure_batches(ModelPair(tiny_target, None, None), [1])
+
+
+def test_verify_cost_times_both_forwards_and_restores_the_cache(tiny_target):
+    from specdec_lab.batch_bench import verify_cost
+
+    cost = verify_cost(tiny_target, batch=2, k=3, context=8, repeats=2)
+    assert cost["batch"] == 2 and cost["one_token_ms"] > 0 and cost["k_plus_1_tokens_ms"] > 0
+    assert cost["ratio"] == pytest.approx(cost["k_plus_1_tokens_ms"] / cost["one_token_ms"], abs=0.02)
+
+
+def test_the_batch_chart_labels_each_speculative_point_with_its_speedup():
+    from specdec_lab import viz
+
+    fig = viz.batch_scaling([1, 2, 4], [10.0, 18.0, 30.0], [20.0, 27.0, 24.0])
+    plain, speculative = fig.data
+    assert list(plain.y) == [10.0, 18.0, 30.0] and list(speculative.text) == ["2.00x", "1.50x", "0.80x"]
+    assert fig.layout.xaxis.type == "log"
