@@ -33,6 +33,8 @@ HOST_SIDE = {
     ("viz.py", "*"): "plotting works on host copies",
     ("widgets/tree_view.py", "*"): "widgets work on host copies",
     ("train/*", "*"): "training and model-card code: token streams, counters and CPU timings on the host",
+    ("batch_bench.py", "verify_cost"): "seeded random ids drawn on the host (same on every device), then moved",
+    ("kernels/bench.py", "random_batch"): "seeded random batch drawn on the host (same on every device), then moved",
 }
 
 
