@@ -147,9 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generate_batch, zoo pair on {device} ({next(pair.target.parameters()).dtype}), k = {args.k}, "
           f"{args.max_new_tokens} new tokens per sequence, temperature {args.temperature}, median of {args.repeats}")
     print(format_table(points))
+    costs = [verify_cost(pair.target, batch, args.k) for batch in sorted({points[0].batch, points[-1].batch})]
+    for cost in costs:
+        print(f"batch {cost['batch']}: one target forward over 1 token per sequence {cost['one_token_ms']} ms, over "
+              f"k + 1 = {args.k + 1} tokens {cost['k_plus_1_tokens_ms']} ms ({cost['ratio']}x)")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump([asdict(p) for p in points], handle, indent=1)
+            json.dump({"points": [asdict(p) for p in points], "verify_cost": costs}, handle, indent=1)
     return 0
 
 

@@ -30,7 +30,8 @@ def test_the_cpu_smoke_mode_runs_every_step():
     for section in SECTIONS:
         assert f"--- ok: {section}" in result.stdout
     assert "| 2 | 2 | rejection |" in result.stdout and "| yes |" in result.stdout  # kernel table
-    assert "| 2 |" in result.stdout.split("=== 4.")[1]  # batched table, batch 2
+    batched = result.stdout.split("=== 4.")[1]
+    assert "| 2 |" in batched and "batch 2: one target forward over 1 token per sequence" in batched
     assert result.stdout.rstrip().endswith("=== device check passed (cpu)")
 
 
