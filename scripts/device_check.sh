@@ -27,8 +27,9 @@ if [[ "$MODE" == cpu ]]; then
   SPECDEC=("$PY" -m specdec_lab.cli)
   TESTS=(tests/test_kernels.py -k "test_verify_batch_dispatches or (greedy_kernel_equals and 37-counts0)")
   KERNEL_ARGS=(--batches 1,2 --ks 2 --vocab 64 --device cpu --repeats 1)
-  BENCH_ARGS=(--prompts 1 --max-new-tokens 8 --repeats 1 --warmup 0 --sets heldout --methods plain,draft)
-  BATCH_ARGS=(--batches 1,2 --max-new-tokens 8 --repeats 1 --warmup 0)
+  BENCH_ARGS=(--prompts 1 --max-new-tokens 4 --repeats 1 --warmup 0 --sets heldout --methods plain,draft)
+  BATCH_ARGS=(--batches 1,2 --max-new-tokens 4 --repeats 1 --warmup 0)
+  LIMITS=(600 600 600 600)  # a plumbing check on a CPU that may be shared: generous limits
 else
   SPECDEC=("$PY" -m specdec_lab.cli)
   TESTS=(tests/test_kernels.py tests/test_device.py)
@@ -36,6 +37,7 @@ else
   BENCH_ARGS=(--prompts 3 --max-new-tokens 48 --repeats 2 --warmup 1 --sets heldout
               --methods hf-generate,plain,hf-assisted,draft,eagle)
   BATCH_ARGS=(--batches 1,8,32 --max-new-tokens 64 --repeats 3 --warmup 1)
+  LIMITS=(150 90 200 150)  # seconds per step: 590 in all, so the whole check ends within ten minutes
 fi
 
 FAILED=()
@@ -75,10 +77,10 @@ then
   exit 1
 fi
 
-step "1. kernel and device tests" 240 "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}"
-step "2. kernel vs torch reference throughput" 120 "$PY" -m specdec_lab.kernels.bench "${KERNEL_ARGS[@]}"
-step "3. specdec bench, batch 1" 240 "${SPECDEC[@]}" bench "${BENCH_ARGS[@]}"
-step "4. batched tokens/s, plain vs speculative" 180 "$PY" -m specdec_lab.batch_bench "${BATCH_ARGS[@]}"
+step "1. kernel and device tests" "${LIMITS[0]}" "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}"
+step "2. kernel vs torch reference throughput" "${LIMITS[1]}" "$PY" -m specdec_lab.kernels.bench "${KERNEL_ARGS[@]}"
+step "3. specdec bench, batch 1" "${LIMITS[2]}" "${SPECDEC[@]}" bench "${BENCH_ARGS[@]}"
+step "4. batched tokens/s, plain vs speculative" "${LIMITS[3]}" "$PY" -m specdec_lab.batch_bench "${BATCH_ARGS[@]}"
 
 echo
 if ((${#FAILED[@]})); then
