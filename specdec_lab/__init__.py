@@ -4,8 +4,10 @@
     pair = sd.load_pair()                       # the shipped zoo pair, offline
     out = sd.generate(pair.target, ids, drafter=sd.DraftModelDrafter(pair.draft, k=4))
     out.tokens, out.stats.mean_accepted_tokens
+    batch = sd.generate_batch(pair.target, [ids, other_ids], drafter=sd.DraftModelDrafter(pair.draft, k=4))
 """
 
+from specdec_lab.batch import BatchGenerationOutput, generate_batch
 from specdec_lab.decode import GenerationOutput, StepRecord, generate
 from specdec_lab.drafters import DecodeState, Draft, Drafter, DraftModelDrafter, PromptLookupDrafter
 from specdec_lab.drafters.eagle import EagleDrafter, EagleHead
@@ -25,4 +27,5 @@ __all__ = [
     "LookaheadDrafter", "jacobi_decode",
     "DraftTree", "MedusaDrafter", "MedusaHeads",
     "EagleDrafter", "EagleHead",
+    "BatchGenerationOutput", "generate_batch",
 ]

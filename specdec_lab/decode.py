@@ -76,8 +76,15 @@ def prompt_to_list(input_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> 
             input_ids = input_ids[0]
         if input_ids.ndim != 1:
             raise ValueError(f"input_ids must be 1-D (or shape (1, n)), got shape {tuple(input_ids.shape)}")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must hold integer token ids, got a tensor of dtype {input_ids.dtype}")
         input_ids = input_ids.tolist()
-    tokens = [int(t) for t in input_ids]
+    tokens = []
+    for t in input_ids:
+        if isinstance(t, bool) or not hasattr(t, "__index__"):  # floats would be silently truncated by int()
+            raise ValueError(f"input_ids must hold integer token ids (e.g. from the tokenizer), got {t!r} of type "
+                             f"{type(t).__name__}")
+        tokens.append(int(t))
     if not tokens:
         raise ValueError("the prompt is empty: give at least one token id (e.g. the tokenizer's BOS/EOS token)")
     bad = [t for t in tokens if not 0 <= t < vocab_size]

@@ -37,9 +37,20 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pick_dtype(device: torch.device, dtype: torch.dtype | None = None) -> torch.dtype:
-    """`dtype` if given, else fp16 on CUDA and fp32 on CPU (CPU half-precision matmuls are slow)."""
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def pick_dtype(device: torch.device, dtype: torch.dtype | str | None = None) -> torch.dtype:
+    """`dtype` if given (a torch dtype or a name such as "bf16"), else fp16 on CUDA and fp32 on CPU (CPU
+    half-precision matmuls are slow)."""
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        return DTYPES[dtype]
     if dtype is not None:
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point torch dtype or one of {', '.join(DTYPES)}, got {dtype!r}")
         return dtype
     return torch.float16 if device.type == "cuda" else torch.float32
 
@@ -58,11 +69,13 @@ def _load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:
 
 
 def load_model(path_or_id: str | os.PathLike, device: str | torch.device | None = None,
-               dtype: torch.dtype | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+               dtype: torch.dtype | str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local folder or a hub id.
 
     path_or_id: a Hugging Face model folder (or hub id, when the network allows); device: where to put it
-    (default: CUDA if present, else CPU); dtype: weight precision (default: fp16 on CUDA, fp32 on CPU).
+    (default: CUDA if present, else CPU); dtype: weight precision, a torch dtype or "fp32" / "fp16" / "bf16"
+    (default: fp16 on CUDA, fp32 on CPU). Everything the engine creates during generation follows the model's
+    device and dtype, so `load_pair(device="cuda", dtype="bf16")` needs no other change.
     """
     device = pick_device(device)
     source = str(path_or_id)
@@ -76,7 +89,7 @@ def load_model(path_or_id: str | os.PathLike, device: str | torch.device | None 
 
 
 def load_pair(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = None,
-              device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> ModelPair:
+              device: str | torch.device | None = None, dtype: torch.dtype | str | None = None) -> ModelPair:
     """Load a target and a draft model (default: the shipped zoo pair, offline).
 
     target / draft: model folders or hub ids (None = the zoo's); device / dtype: as for `load_model`.

@@ -301,3 +301,22 @@ def draft_tree(parents: Sequence[int], labels: Sequence[str], accepted: Sequence
     fig.update_yaxes(visible=False)
     fig.update_xaxes(dtick=1)
     return style(fig, title, "depth (tokens after the context)", "", height=max(300, 28 * (max(y, default=0) + 2)))
+
+
+def batch_scaling(batches: Sequence[int], plain: Sequence[float], speculative: Sequence[float],
+                  title: str = "Plain and speculative decoding as the batch grows") -> go.Figure:
+    """Tokens/s of plain and speculative decoding against the batch size, each speculative point labelled with
+    its speedup over plain decoding at the same batch size.
+
+    batches: the batch sizes (log-scaled axis); plain / speculative: all sequences' tokens per second at each;
+    title: figure title.
+    """
+    batches, plain, speculative = list(batches), [float(v) for v in plain], [float(v) for v in speculative]
+    fig = go.Figure()
+    fig.add_scatter(x=batches, y=plain, name="plain", mode="lines+markers", line={"color": COLORS["theory"]})
+    fig.add_scatter(x=batches, y=speculative, name="speculative (draft model)", mode="lines+markers+text",
+                    line={"color": COLORS["accepted"]}, textposition="top center",
+                    text=[f"{s / p:.2f}x" for s, p in zip(speculative, plain, strict=True)])
+    style(fig, title, "batch size (sequences decoded together)", "tokens / s (all sequences)")
+    fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches])
+    return fig

@@ -1,17 +1,24 @@
 """Shared fixtures: small random Llama models (built in memory or saved and loaded like real checkpoints).
 
 Every model is seeded, so tests are deterministic. Threads are pinned to one so several test processes can
-share the machine.
+share the machine. Without CUDA, Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import warnings
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton's kernels run on CPU tensors through its interpreter; the switch must be set before anything imports
+    # triton (transformers does, indirectly), hence here, before the imports below.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_lab.models import zoo_path

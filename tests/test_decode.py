@@ -290,8 +290,15 @@ def assert_raised_by_specdec(excinfo) -> None:
     (lambda t, d: PromptLookupDrafter(k=0), r"k \(tokens drafted per step\) must be a positive integer"),
     (lambda t, d: generate(t, [1, 2], drafter=DraftModelDrafter(make_llama(vocab_size=32, hidden_size=16), k=2)),
      r"draft and target have different vocabularies \(32 vs 64 tokens\)"),
+    (lambda t, d: generate(t, [1.5, 2.0]), r"integer token ids .*got 1\.5 of type float"),
+    (lambda t, d: generate(t, torch.tensor([1.0, 2.0])), "integer token ids, got a tensor of dtype torch.float32"),
+    (lambda t, d: generate(t, [1, 2], temperature=float("nan")), "temperature must be >= 0 and finite.*nan"),
+    (lambda t, d: generate(t, [1, 2], temperature=float("inf")), "temperature must be >= 0 and finite.*inf"),
+    (lambda t, d: generate(t, [1, 2], temperature=1.0, top_p=float("nan")), r"top_p must lie in \(0, 1\]"),
+    (lambda t, d: generate(t, [1, 2], temperature=1.0, top_k=0), "top_k must be a positive integer"),
 ], ids=["empty list", "empty tensor", "id out of range", "negative temperature", "top_p > 1", "top_p = 0",
-        "negative budget", "prompt longer than context", "draft-model k = 0", "lookup k = 0", "vocabularies differ"])
+        "negative budget", "prompt longer than context", "draft-model k = 0", "lookup k = 0", "vocabularies differ",
+        "float ids", "float tensor", "NaN temperature", "infinite temperature", "NaN top_p", "top_k = 0"])
 def test_bad_input_gets_a_clear_error(call, message, tiny_target, tiny_draft):
     with pytest.raises(ValueError, match=message) as excinfo:
         call(tiny_target, tiny_draft)
