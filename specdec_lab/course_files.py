@@ -4,10 +4,11 @@ outputs.
 `make lab` and `make instructor` start JupyterLab with `CourseContentsManager` (set in
 `jupyter/*/jupyter_server_config.json`). For a notebook under `lessons/` or `labs/` it removes what running
 cells adds (outputs, execution counts, widget state, timing and scroll marks, the kernel's language details)
-before saving, and writes nothing at all when what is left equals the notebook on disk. A student's checkout
-therefore stays clean (`git status`) and `git pull` keeps bringing course updates however often the lessons
-are run; a student's own edits (a lab's solutions) are saved as usual. The outputs stay on screen until the
-notebook is closed.
+before saving, keeps the stored kernel metadata (JupyterLab writes the running kernel's own display name), and
+writes nothing at all when what is left equals the notebook on disk. A student's checkout therefore stays
+clean (`git status`) and `git pull` keeps bringing course updates however often the lessons are run; a
+student's own edits (a lab's solutions) are saved as usual. The outputs stay on screen until the notebook is
+closed.
 """
 
 from __future__ import annotations
@@ -51,21 +52,40 @@ def strip_run(notebook: dict) -> dict:
     return notebook
 
 
+def keep_kernel_metadata(notebook: dict, stored: dict) -> dict:
+    """`notebook` with the stored notebook's `kernelspec` and `language_info` when it runs the same kernel:
+    JupyterLab writes what the running kernel reports (e.g. display name "Python 3 (ipykernel)" for the
+    course's "Python 3"), which is not a change anybody made."""
+    kernel = notebook.get("metadata", {}).get("kernelspec")
+    stored_kernel = stored.get("metadata", {}).get("kernelspec")
+    if not (isinstance(kernel, dict) and isinstance(stored_kernel, dict)) or kernel.get("name") != stored_kernel.get(
+            "name"):
+        return notebook
+    metadata = {**notebook["metadata"], "kernelspec": stored_kernel}
+    if "language_info" in stored.get("metadata", {}):
+        metadata["language_info"] = stored["metadata"]["language_info"]
+    return {**notebook, "metadata": metadata}
+
+
 class CourseContentsManager(AsyncLargeFileManager):
     """Jupyter's file manager, saving course notebooks without their runs (see the module docstring)."""
 
     async def save(self, model: dict, path: str = "") -> dict:
         path = path.strip("/")
         if model.get("type") == "notebook" and model.get("content") is not None and is_course_notebook(path):
-            model = {**model, "content": strip_run(json.loads(json.dumps(model["content"])))}
-            if await self.file_exists(path) and self._unchanged(model["content"], path):
-                return await self.get(path, content=False)  # nothing the course or the student wrote changed
+            content = strip_run(json.loads(json.dumps(model["content"])))
+            stored = self._stored(path)
+            if stored is not None:
+                content = keep_kernel_metadata(content, stored)
+                if strip_run(stored) == content:
+                    return await self.get(path, content=False)  # nothing the course or the student wrote changed
+            model = {**model, "content": content}
         return await super().save(model, path)
 
-    def _unchanged(self, content: dict, path: str) -> bool:
+    def _stored(self, path: str) -> dict | None:
+        """The notebook at `path` as stored on disk (None when there is none or it is not valid JSON)."""
         try:
             with open(self._get_os_path(path), encoding="utf-8") as file:
-                on_disk = json.load(file)
+                return json.load(file)
         except (OSError, ValueError):
-            return False
-        return strip_run(on_disk) == content
+            return None

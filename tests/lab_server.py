@@ -78,25 +78,37 @@ class LabServer:
         return f"{self.base}/{path}?token={self.token}{flags}"
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM to its process group: make, jupyter and the kernels), then wait."""
-        if self.process.poll() is None:
+        """Stop the server: SIGTERM to its process group (make and jupyter; Jupyter then shuts its kernels
+        down), wait until the group is gone, SIGKILL after 30 s."""
+        try:
             os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            self.process.poll()
             try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
 
-def start_lab(course: Path, target: str = "lab", timeout: float = 120.0) -> LabServer:
+def start_lab(course: Path, target: str = "lab", timeout: float = 120.0, env: dict | None = None) -> LabServer:
     """Run `make TARGET` (lab or instructor) in `course` on a free port and wait until it prints its URL.
 
-    The log goes to `course/../TARGET.log`; raises RuntimeError with the log's tail when no URL comes in time.
+    env: extra environment variables (the kernels inherit them). The log goes to `course/../TARGET.log`; raises
+    RuntimeError with the log's tail when no URL comes in time.
     """
     home = course.parent / f"jupyter-home-{target}"
+    news = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True, exist_ok=True)
+    news.write_text('{"fetchNews": "false"}')  # no "official Jupyter news?" toast over the page
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
            "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
-           "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTER_PLATFORM_DIRS": "1"}
+           "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), **(env or {})}
     log = course.parent / f"{target}.log"
     with log.open("w") as sink:
         process = make(target, course, f"LAB_ARGS=--port={free_port()} --ServerApp.port_retries=0 --no-browser",
