@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 
+import nbformat
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 
 COURSE_FOLDERS = ("lessons/", "labs/")
@@ -52,6 +53,12 @@ def strip_run(notebook: dict) -> dict:
     return notebook
 
 
+def normal_form(notebook: dict) -> dict:
+    """`notebook` as nbformat reads it (cell sources as one string each, as JupyterLab sends them; a file stores
+    them as lists of lines), so that two notebooks compare equal when they hold the same content."""
+    return json.loads(json.dumps(nbformat.reads(json.dumps(notebook), as_version=nbformat.NO_CONVERT)))
+
+
 def keep_kernel_metadata(notebook: dict, stored: dict) -> dict:
     """`notebook` with the stored notebook's `kernelspec` and `language_info` when it runs the same kernel:
     JupyterLab writes what the running kernel reports (e.g. display name "Python 3 (ipykernel)" for the
@@ -77,7 +84,7 @@ class CourseContentsManager(AsyncLargeFileManager):
             stored = self._stored(path)
             if stored is not None:
                 content = keep_kernel_metadata(content, stored)
-                if strip_run(stored) == content:
+                if normal_form(strip_run(stored)) == normal_form(content):
                     return await self.get(path, content=False)  # nothing the course or the student wrote changed
             model = {**model, "content": content}
         return await super().save(model, path)

@@ -100,6 +100,13 @@ def run_like_jupyter(notebook: dict) -> dict:
     return notebook
 
 
+def load(server, path: str) -> dict:
+    """The notebook at `path` as the server hands it to JupyterLab (cell sources as single strings)."""
+    status, body = fetch(server.page(f"api/contents/{path}"))
+    assert status == 200, body
+    return json.loads(body)["content"]
+
+
 def save(server, path: str, notebook: dict) -> dict:
     """Save `notebook` at `path` through the server's contents API, as JupyterLab's save does."""
     status, body = fetch(server.page(f"api/contents/{path}"), "PUT",
@@ -124,12 +131,12 @@ def test_saving_runs_leaves_git_clean_and_pull_working(server, course, tmp_path)
     git("clone", "-q", str(course), str(upstream), cwd=tmp_path)
     lessons = sorted(f"lessons/{p.name}" for p in (course / "lessons").glob("*.ipynb"))
     for path in lessons:  # every lesson, saved after a run, including the hand-formatted ones
-        save(server, path, run_like_jupyter(json.loads((course / path).read_text())))
+        save(server, path, run_like_jupyter(load(server, path)))
     assert git("status", "--porcelain", cwd=course) == ""
 
     # a student's own work in a lab is saved, its outputs are not
     lab = "labs/lab01_sampling/lab01_sampling.ipynb"
-    notebook = run_like_jupyter(json.loads((course / lab).read_text()))
+    notebook = run_like_jupyter(load(server, lab))
     notebook["cells"][1]["source"] = "# my answer"
     save(server, lab, notebook)
     saved = nbformat.read(course / lab, as_version=4)
