@@ -96,7 +96,7 @@ class LabServer:
         self.process.wait()
 
 
-def start_lab(course: Path, target: str = "lab", timeout: float = 120.0, env: dict | None = None) -> LabServer:
+def start_lab(course: Path, target: str = "lab", timeout: float = 300.0, env: dict | None = None) -> LabServer:
     """Run `make TARGET` (lab or instructor) in `course` on a free port and wait until it prints its URL.
 
     env: extra environment variables (the kernels inherit them). The log goes to `course/../TARGET.log`; raises

@@ -325,9 +325,10 @@ def test_bench_report_draws_its_charts_offline(browser, llama_factory, tmp_path,
     requests = []
     context.route(re.compile(r"^https?://"), lambda route: (requests.append(route.request.url), route.abort()))
     page = context.new_page()
-    page.goto(report.as_uri())
+    page.set_default_timeout(120_000)  # the page inlines plotly.js (several MB): slow to parse on a busy machine
+    page.goto(report.as_uri(), wait_until="domcontentloaded")
     charts = page.locator(".js-plotly-plot")
-    expect(charts).to_have_count(4, timeout=30_000)
+    expect(charts).to_have_count(4, timeout=120_000)
     for n in range(4):
         chart = charts.nth(n)
         chart.scroll_into_view_if_needed()
