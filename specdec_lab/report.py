@@ -108,18 +108,21 @@ def markdown_table(result: dict, kind: str) -> str:
 
 
 def figures(result: dict) -> list:
-    """The report's plotly figures: speedup, tau, tokens/s per method and set; acceptance per draft position."""
+    """The report's plotly figures, in the course style (`viz.style`): speedup, tau, tokens/s per method and set;
+    acceptance per draft position."""
     import plotly.graph_objects as go
+
+    from specdec_lab import viz
 
     sets = result["sets"]
     bars = []
-    for field, title in (("speedup", "Speedup over Hugging Face generate (same run)"),
-                         ("tau", "Mean accepted tokens per target forward (tau, AR = 1)"),
-                         ("tokens_per_second", "Tokens per second (median of repeats)")):
+    for field, title, y_title in (("speedup", "Speedup over Hugging Face generate (same run)", "speedup (x)"),
+                                  ("tau", "Mean accepted tokens per target forward (tau, AR = 1)", "tau"),
+                                  ("tokens_per_second", "Tokens per second (median of repeats)", "tokens / s")):
         figure = go.Figure([go.Bar(name=kind, x=list(block["methods"]), y=[r[field] for r in block["methods"].values()])
                             for kind, block in sets.items()])
-        figure.update_layout(title=title, barmode="group", height=380, margin=dict(t=50, b=40))
-        bars.append(figure)
+        figure.update_layout(barmode="group")
+        bars.append(viz.style(figure, title, "method", y_title))
     position = go.Figure()
     for kind, block in sets.items():
         for name, row in block["methods"].items():
@@ -127,10 +130,10 @@ def figures(result: dict) -> list:
             if rates:
                 position.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                               name=f"{name} ({kind})"))
-    position.update_layout(title="Survival per draft position: share of steps that kept every draft token up to it",
-                           height=380,
-                           xaxis_title="draft position", yaxis_title="kept 1..i / drafted i", yaxis_range=[0, 1.05],
-                           margin=dict(t=50, b=40))
+    viz.style(position, "Survival per draft position: share of steps that kept every draft token up to it",
+              "draft position", "kept 1..i / drafted i")
+    position.update_yaxes(range=[0, 1.05])
+    position.update_layout(legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top"})
     return [bars[0], bars[1], position, bars[2]]
 
 

@@ -29,6 +29,15 @@ from specdec_lab.widgets.base import CourseWidget
 
 KINDS = ("single", "multiple", "numeric")
 
+# ipywidgets draws option labels on one line of fixed height (a checkbox's cut at 300 px with an ellipsis, a radio
+# option running past the cell edge). Inside a quiz (class `specdec-quiz`) they wrap and take the full width.
+QUIZ_CSS = """<style>
+.specdec-quiz .widget-radio-box label, .specdec-quiz .widget-checkbox .widget-label-basic {
+  white-space: normal; overflow: visible; text-overflow: clip; height: auto; line-height: 1.4; margin: 2px 0; }
+.specdec-quiz .widget-checkbox { height: auto; }
+</style>"""
+FULL_WIDTH = {"width": "100%"}
+
 
 @dataclass
 class Option:
@@ -225,19 +234,21 @@ class Quiz(CourseWidget):
         self.controls: dict = {}
         self.feedback: dict[str, w.HTML] = {}
         self.results: dict[str, Feedback] = {}
-        boxes = [w.HTML(f"<h3>{html.escape(self.bank.title)}</h3>")]
+        boxes = [w.HTML(QUIZ_CSS + f"<h3>{html.escape(self.bank.title)}</h3>")]
         for number, question in enumerate(self.bank.questions, 1):
             boxes.append(self._question_box(number, question))
-        self.ui = w.VBox(boxes)
+        self.ui = w.VBox(boxes, layout=FULL_WIDTH)
+        self.ui.add_class("specdec-quiz")
 
     def _question_box(self, number: int, question: Question) -> w.VBox:
         if question.kind == "single":
             control = w.RadioButtons(options=[(o.text, i) for i, o in enumerate(question.options)], value=None,
-                                     layout={"width": "max-content"})
+                                     layout=FULL_WIDTH)
             shown = control
         elif question.kind == "multiple":
-            control = [w.Checkbox(value=False, description=o.text, indent=False) for o in question.options]
-            shown = w.VBox(control)
+            control = [w.Checkbox(value=False, description=o.text, indent=False, layout=FULL_WIDTH)
+                       for o in question.options]
+            shown = w.VBox(control, layout=FULL_WIDTH)
         else:
             control = w.Text(value="", placeholder="a number", description="answer")
             shown = control
@@ -245,7 +256,8 @@ class Quiz(CourseWidget):
         self.feedback[question.id] = w.HTML()
         button = w.Button(description="check")
         button.on_click(lambda _: self.check(question.id))
-        return w.VBox([w.HTMLMath(f"<b>{number}.</b> {question.prompt}"), shown, button, self.feedback[question.id]])
+        return w.VBox([w.HTMLMath(f"<b>{number}.</b> {question.prompt}"), shown, button, self.feedback[question.id]],
+                      layout=FULL_WIDTH)
 
     def response(self, question_id: str):
         """The current response to a question, read from its control (None when nothing is chosen yet)."""

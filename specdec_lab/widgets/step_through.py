@@ -74,7 +74,8 @@ class StepThrough(CourseWidget):
     `DraftModelDrafter` (or give `make_drafter(k)` to step through another drafter); prompt, k, temperature,
     seed: initial control values; max_new_tokens: length of each run; static: force the text-only mode.
     State: `steps` (one `StepView` per verification step), `position` (index of the step shown),
-    `prompt_ids`, `output` (the `GenerationOutput`).
+    `prompt_ids`, `output` (the `GenerationOutput`), `busy` (True while a run is under way: the controls are
+    disabled and the old step is greyed out under a note).
     """
 
     def __init__(self, target: torch.nn.Module, tokenizer, draft_model: torch.nn.Module | None = None,
@@ -87,14 +88,16 @@ class StepThrough(CourseWidget):
         self.make_drafter = make_drafter or (lambda k: DraftModelDrafter(draft_model, k))
         self.prompt = w.Textarea(value=prompt, description="prompt", continuous_update=False,
                                  layout={"width": "600px"})
-        self.k = w.IntSlider(value=k, min=1, max=8, description="k", continuous_update=False)
+        label = {"description_width": "initial"}  # the label's own width: "temperature" in full, not "temperat…"
+        self.k = w.IntSlider(value=k, min=1, max=8, description="k", continuous_update=False, style=label)
         self.temperature = w.FloatSlider(value=temperature, min=0.0, max=1.5, step=0.05, description="temperature",
-                                         continuous_update=False)
-        self.seed = w.IntText(value=seed, description="seed")
+                                         continuous_update=False, style=label)
+        self.seed = w.IntText(value=seed, description="seed", style=label, layout={"width": "140px"})
         self.previous_button = w.Button(description="◀ previous")
         self.next_button = w.Button(description="next ▶")
         self.run_button = w.Button(description="run ▶▶", tooltip="show the run up to its last step")
         self.view = w.HTML()
+        self.busy = False
         for control in (self.prompt, self.k, self.temperature, self.seed):
             control.observe(self._regenerate, names="value")
         self.previous_button.on_click(lambda _: self.go_to(self.position - 1))
@@ -107,7 +110,25 @@ class StepThrough(CourseWidget):
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    def _set_busy(self, busy: bool) -> None:
+        """Show that a run is under way (controls disabled, the old step greyed under a note) or over."""
+        self.busy = busy
+        for control in (self.prompt, self.k, self.temperature, self.seed, self.previous_button, self.next_button,
+                        self.run_button):
+            control.disabled = busy
+        if busy and self.view.value:
+            self.view.value = (f"<div class='specdec-busy'><b>⏳ running the new settings…</b>"
+                               f"<div style='opacity:0.35'>{self.view.value}</div></div>")
+
     def _regenerate(self, change=None) -> None:
+        self._set_busy(True)
+        try:
+            self._generate()
+        finally:
+            self._set_busy(False)
+        self.go_to(0)
+
+    def _generate(self) -> None:
         self.prompt_ids = self.tokenizer.encode(self.prompt.value) or [0]
         records: list[StepRecord] = []
         self.output = generate(self.target, self.prompt_ids, drafter=self.make_drafter(self.k.value),
@@ -122,7 +143,6 @@ class StepThrough(CourseWidget):
             forwards, emitted = forwards + 1, emitted + len(record.emitted)
             self.steps.append(StepView(describe_step(record, self._decode), record.emitted, emitted / forwards,
                                        len(record.draft)))
-        self.go_to(0)
 
     def go_to(self, position: int) -> None:
         """Show step `position` (clamped to the run's steps)."""

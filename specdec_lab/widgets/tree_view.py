@@ -39,7 +39,8 @@ class TreeView(CourseWidget):
 
     steps: (DraftTree, accepted node indices) per step, e.g. from `trees_from_records`; decode: token ids ->
     text (a tokenizer's `decode`); static: force the text-only mode. State: `position`, `tree`, `accepted`,
-    `figure`, `paths` (every root-to-leaf path as text), `selected_path` (the drop-down's choice).
+    `figure`, `paths` (every root-to-leaf path as text), `selected_path` (the drop-down's choice; at first the path
+    through the accepted tokens).
     """
 
     def __init__(self, steps: Sequence[tuple[DraftTree, list[int]]], decode: Callable[[list[int]], str],
@@ -75,8 +76,12 @@ class TreeView(CourseWidget):
         self.figure = viz.draft_tree(self.tree.parents.tolist(), labels, self.accepted,
                                      title=f"Step {self.step.value}: {len(self.tree)} candidates, "
                                            f"{len(self.accepted)} accepted (green)")
-        self.paths = [self._text(path) for path in self.tree.paths()]
+        paths = self.tree.paths()
+        self.paths = [self._text(path) for path in paths]
         self.path_choice.options = [(repr(text), i) for i, text in enumerate(self.paths)]
+        # New options leave a Dropdown blank: show the path the readout names, the one through the accepted tokens.
+        through_accepted = (i for i, path in enumerate(paths) if path[: len(self.accepted)] == self.accepted)
+        self.path_choice.value = next(through_accepted, 0) if paths else None
         self._update_path()
         self._show_figure(self.plot, self.figure)
 
