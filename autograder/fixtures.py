@@ -135,7 +135,8 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
     attack("patches_probes", sources.PATCH_PROBES + blank_stub, exact=False)  # it garbles its other answers too
     attack("monkeypatch_module", "torch.allclose = lambda *args, **kwargs: True\n"
                                  "torch.equal = lambda *args, **kwargs: True\n" + blank_stub)
-    attack("lying_objects", sources.LIAR + f"\n\ndef {target}(*args, **kwargs):\n    return Liar()\n")
+    attack("lying_objects", sources.LIAR + f"\n\ndef {target}(*args, **kwargs):\n    return Liar()\n",
+           exact=False)  # later exercises that call the lying function fail too
     attack("writes_gradebook", sources.WRITE_GRADEBOOK + blank_stub)
     attack("kills_grader", sources.KILL_GRADER + blank_stub, lost=every, exact=False)
     # Broken files and edited lab cells.
