@@ -34,6 +34,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import types
 import warnings
 import zipfile
@@ -52,6 +53,7 @@ from autograder.sandbox import Limits
 from specdec_lab import lab_rules
 
 AUTOGRADER = Path(__file__).resolve().parent
+AST_LOCK = threading.Lock()
 
 
 @dataclass
@@ -226,7 +228,8 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
         result.notes.append(f"not graded: {error}")
         return result, None
     assembled = assemble.assemble(job.release, cells)
-    result.notes += read_notes + assembled.notes + rule_notes(assembled, job.release)
+    with AST_LOCK:  # CPython 3.11's ast.parse is not safe in concurrent threads ("recursion depth mismatch")
+        result.notes += read_notes + assembled.notes + rule_notes(assembled, job.release)
     checks, ref = lab_checks(job.lab), reference(job.lab)
     generator = torch.Generator().manual_seed(job.seed ^ zlib.crc32(sub.student.encode()))
     inputs = {gid: check.inputs(generator, ref) for gid, check in checks.items()}
