@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_bigram_llama
+from test_decode import exact_first_tokens
 
 import specdec_lab as sd
 from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
-from specdec_lab.sampling import SamplingConfig, confidence, process_logits
+from specdec_lab.sampling import SamplingConfig, confidence
 
 VOCAB = 8
 
@@ -89,19 +90,6 @@ def bigram_world():
     return make_bigram_llama(target_logits), make_bigram_llama(draft_logits, seed=1)
 
 
-@torch.no_grad()
-def exact_joint(target, prompt: list[int], config: SamplingConfig, count: int = 3) -> torch.Tensor:
-    """P(first `count` new tokens) under target-only sampling, by enumeration."""
-    joint = torch.ones(1, dtype=torch.float64)
-    contexts = torch.tensor([prompt])
-    for _ in range(count):
-        probs = process_logits(target(input_ids=contexts).logits[:, -1], config).double()
-        joint = (joint[:, None] * probs).reshape(-1)
-        contexts = torch.cat([contexts.repeat_interleave(VOCAB, 0),
-                              torch.arange(VOCAB).repeat(len(contexts))[:, None]], dim=1)
-    return joint
-
-
 def sampled_joint(target, make_drafter, prompt, config: SamplingConfig, samples: int):
     counts = torch.zeros(VOCAB**3)
     lengths = set()
@@ -117,7 +105,7 @@ def sampled_joint(target, make_drafter, prompt, config: SamplingConfig, samples:
 def test_adaptive_sampling_is_lossless_and_a_token_dependent_stop_is_not(bigram_world, chi_square, config):
     target, draft = bigram_world
     prompt = [0, 3]
-    exact = exact_joint(target, prompt, config)
+    exact = exact_first_tokens(target, prompt, config).reshape(-1)
     counts, lengths = sampled_joint(target, lambda: sd.DraftModelDrafter(draft, k=3, min_confidence=0.6), prompt,
                                     config, 1500)
     assert {1, 2} <= lengths  # the rule stopped early in some steps and not in others
