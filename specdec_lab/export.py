@@ -352,10 +352,10 @@ class HeadChainDrafter(Drafter):
     def propose(self, state, max_tokens: int) -> Draft:
         feature, token, drafted = self.feature, state.tokens[-1], []
         for _ in range(min(self.k, max_tokens)):
-            feature = self.head(feature, torch.tensor(token))
+            feature = self.head(feature, torch.tensor(token, device=state.device))
             token = int(self.lm_head(feature).argmax())
             drafted.append(token)
-        return Draft(torch.tensor(drafted, dtype=torch.long))
+        return Draft(torch.tensor(drafted, dtype=torch.long, device=state.device))
 
 
 def lab06_benchmark(module: ModuleType, settings: dict) -> dict:
@@ -590,9 +590,12 @@ def eagle_head_for(target: torch.nn.Module) -> tuple[EagleHead, str]:
     head = EagleHead(EagleConfig.from_target(target)).attach(target).eval()
     head.init_from_target_layer(target)
     hidden = head.config.hidden_size
-    mixing = 0.005 * torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(1)) / hidden ** 0.5
+    # Seeded on the host so every device gets the same head, then moved next to the weights.
+    mixing = 0.005 * torch.randn(hidden, hidden, generator=torch.Generator(device="cpu").manual_seed(1),
+                                 device="cpu") / hidden ** 0.5
     with torch.no_grad():
-        head.fc.weight.copy_(torch.cat([mixing, torch.eye(hidden)], dim=1).to(head.fc.weight))
+        identity = torch.eye(hidden, device="cpu")
+        head.fc.weight.copy_(torch.cat([mixing, identity], dim=1).to(head.fc.weight))
         head.fc.bias.zero_()
     return head, "a head built from the target as in the lab (no zoo head fits it)"
 

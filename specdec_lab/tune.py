@@ -139,10 +139,11 @@ def chain_candidates(method: str, accepted_per_step: Sequence[int], drafted: int
 # ------------------------------------------------------------------------------------------- measurements
 
 
-def example_tree(nodes: int, branching: int = 4) -> DraftTree:
-    """A tree-shaped input of `nodes` nodes below the root (breadth first, `branching` children each)."""
+def example_tree(nodes: int, device: torch.device, branching: int = 4) -> DraftTree:
+    """A tree-shaped input of `nodes` nodes below the root (breadth first, `branching` children each), on
+    `device`."""
     parents = [-1 if i < branching else i // branching - 1 for i in range(nodes)]
-    return DraftTree.from_parents(torch.zeros(nodes, dtype=torch.long), parents)
+    return DraftTree.from_parents(torch.zeros(nodes, dtype=torch.long, device=device), parents)
 
 
 @torch.inference_mode()
@@ -166,7 +167,7 @@ def measure_cost_curve(target: torch.nn.Module, prefix: list[int], tokens: Seque
     for n in tokens:
         feed = torch.tensor([prefix[-n:]], device=device)
         cases.append(("chain", n, dict(input_ids=feed)))
-        tree = example_tree(n - 1)
+        tree = example_tree(n - 1, device)
         mask = additive_mask(tree.visibility().to(device), past, target.dtype)
         cases.append(("tree", n, dict(input_ids=feed, attention_mask=mask, position_ids=tree.position_ids(past))))
     times: dict[tuple[str, int], list[float]] = {(shape, n): [] for shape, n, _ in cases}
