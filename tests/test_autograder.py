@@ -111,6 +111,29 @@ def test_assembly_repairs_what_students_do_to_notebooks(tmp_path):
             assemble.read_cells(write_notebook(tmp_path, bad))
 
 
+def test_a_python_environment_under_tmp_stays_visible_in_the_sandbox(monkeypatch):
+    """A clone under /tmp (as CI makes) keeps its virtual environment inside the sandbox: the sandbox's private
+    /tmp must not hide it."""
+    import subprocess
+    import tempfile
+
+    from autograder import sandbox
+
+    try:
+        sandbox.available()
+    except sandbox.SandboxUnavailable as missing:
+        pytest.skip(str(missing))
+    with tempfile.TemporaryDirectory(dir="/tmp") as env:
+        (Path(env) / "marker").write_text("the environment")
+        monkeypatch.setattr(sandbox, "python_roots", lambda: [Path(env)])
+        seen = subprocess.run(["bwrap", *sandbox.mount_args(), "--", "cat", f"{env}/marker"],
+                              capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(["bwrap", *sandbox.mount_args(), "--", "ls", "-A", "/tmp"],
+                                capture_output=True, text=True, timeout=60)
+    assert seen.stdout == "the environment", seen.stderr
+    assert listed.stdout.split() == [Path(env).parts[2]], "only the environment's own folder appears in /tmp"
+
+
 def test_outputs_from_the_sandbox_are_reduced_to_text():
     cleaned = assemble.clean_outputs([
         {"output_type": "display_data", "data": {"text/html": "<script>x</script>", "text/plain": "ok"}},

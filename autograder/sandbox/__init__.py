@@ -85,8 +85,9 @@ def python_roots() -> list[Path]:
 def mount_args() -> list[str]:
     """bwrap arguments for the sandbox's file system: the system folders and the Python environment, read-only,
     and nothing else (no /home, /root, /work, /srv, /var, /mnt: no repository copy, no submissions, no
-    gradebook), plus a private /tmp, /dev and /proc."""
-    args = []
+    gradebook), plus a private /tmp, /dev and /proc. The private /tmp comes first, so that an environment that
+    lives under /tmp (a CI clone, say) is mounted on top of it rather than hidden by it."""
+    args = ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
     for path in SYSTEM:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -99,7 +100,7 @@ def mount_args() -> list[str]:
                 args += ["--perms", "0755", "--dir", str(parent)]
                 made.add(parent)
         args += ["--ro-bind", str(root), str(root)]
-    return args + ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    return args
 
 
 def environment(limits: Limits) -> dict[str, str]:
