@@ -53,7 +53,11 @@ from autograder.sandbox import Limits
 from specdec_lab import lab_rules
 
 AUTOGRADER = Path(__file__).resolve().parent
-AST_LOCK = threading.Lock()
+# The worker threads share the trusted side's state: the reference namespace, torch's global random generator
+# (reference helpers such as a lab's `tiny_llama(seed)` seed it and then draw weights from it) and CPython 3.11's
+# ast.parse, which is not safe in concurrent threads. So everything but the sandbox run holds this lock: two
+# judges drawing from the global generator at once would build different models than the seeds say.
+TRUSTED_LOCK = threading.RLock()
 
 
 @dataclass
@@ -167,6 +171,11 @@ _references: dict[str, dict] = {}
 
 def reference(lab: str) -> dict:
     """The namespace of `lab`'s reference solution, run here (trusted code) once per process."""
+    with TRUSTED_LOCK:
+        return _reference(lab)
+
+
+def _reference(lab: str) -> dict:
     if lab not in _references:
         module = types.ModuleType(f"specdec_reference_{lab}")
         sys.modules[module.__name__] = module  # dataclasses look their module up there
@@ -217,6 +226,21 @@ class Job:
     slots: queue.Queue
 
 
+def check_inputs(lab: str, seed: int, student: str) -> dict[str, dict]:
+    """The hidden checks' inputs for one student: drawn from the run's seed and the student's id, so a regrade
+    with the same seed asks the same questions, and each student gets their own."""
+    checks, ref = lab_checks(lab), reference(lab)
+    with TRUSTED_LOCK:
+        generator = torch.Generator().manual_seed(seed ^ zlib.crc32(student.encode()))
+        return {gid: check.inputs(generator, ref) for gid, check in checks.items()}
+
+
+def judged(check, inputs: dict, answer, ref: dict):
+    """`check`'s verdict on one answer, decided under the trusted side's lock (see TRUSTED_LOCK)."""
+    with TRUSTED_LOCK:
+        return judge(check, inputs, answer, ref)
+
+
 def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.NotebookNode | None]:
     """Assemble, run in the sandbox, judge. Never raises for anything in the submission."""
     result = StudentResult(sub.student, 0.0, sum(job.points.values()), "graded",
@@ -228,11 +252,10 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
         result.notes.append(f"not graded: {error}")
         return result, None
     assembled = assemble.assemble(job.release, cells)
-    with AST_LOCK:  # CPython 3.11's ast.parse is not safe in concurrent threads ("recursion depth mismatch")
+    with TRUSTED_LOCK:
         result.notes += read_notes + assembled.notes + rule_notes(assembled, job.release)
     checks, ref = lab_checks(job.lab), reference(job.lab)
-    generator = torch.Generator().manual_seed(job.seed ^ zlib.crc32(sub.student.encode()))
-    inputs = {gid: check.inputs(generator, ref) for gid, check in checks.items()}
+    inputs = check_inputs(job.lab, job.seed, sub.student)
     probes: dict[int, list[dict]] = {}
     for gid, index in assembled.graded_cells.items():
         probes.setdefault(index, []).append({"grade_id": gid, "lab": job.lab.split("_")[0],
@@ -254,7 +277,7 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
                 cell.outputs = assemble.clean_outputs(ran.get("outputs"))
     for gid, check in checks.items():
         answer = sandbox.read_json(folder, folder / "io" / f"{gid}.json", 20 << 20)
-        verdict = judge(check, inputs[gid], answer, ref)
+        verdict = judged(check, inputs[gid], answer, ref)
         result.tests[gid] = job.points[gid] if verdict.passed else 0.0
         result.messages[gid] = verdict.message
         if gid in assembled.graded_cells:

@@ -53,19 +53,30 @@ def test_every_test_cell_has_a_trusted_check(lab):
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_reference_passes_its_own_checks_and_a_wrong_answer_fails(lab):
-    """The judges, run on the reference's own answers (computed here), accept them; on garbage they fail with a
-    message. This is the checker alone, without a sandbox."""
+def test_reference_passes_its_own_checks_and_a_wrong_answer_fails(lab, monkeypatch):
+    """The probes, run here on the reference's namespace, give answers that every check accepts, also when four
+    threads judge at once (as the grader's workers do: reference helpers seed torch's global generator, so
+    unsynchronised judges once built different models than their seeds say and failed the reference). On
+    garbage the judges fail with a message. This is the checker alone, without a sandbox."""
+    import importlib
+    from concurrent.futures import ThreadPoolExecutor
+
     from autograder.checks._common import judge
 
-    ref = pipeline.reference(lab)
-    import torch
-
-    for gid, check in pipeline.lab_checks(lab).items():
-        inputs = check.inputs(torch.Generator().manual_seed(5), ref)
-        verdict = judge(check, inputs, {"error": "NotImplementedError"}, ref)
+    monkeypatch.syspath_prepend(str(pipeline.AUTOGRADER / "sandbox" / "inside"))
+    probes = importlib.import_module(f"probes.{lab.split('_')[0]}")
+    ref, checks = pipeline.reference(lab), pipeline.lab_checks(lab)
+    inputs = pipeline.check_inputs(lab, seed=5, student="solution")
+    answers = {gid: json.loads(json.dumps(getattr(probes, check.probe)(ref, inputs[gid])))
+               for gid, check in checks.items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        verdicts = list(pool.map(lambda gid: (gid, pipeline.judged(checks[gid], inputs[gid], answers[gid], ref)),
+                                 [gid for _ in range(2) for gid in checks]))
+    assert [(gid, v.message) for gid, v in verdicts if not v.passed] == []
+    for gid, check in checks.items():
+        verdict = judge(check, inputs[gid], {"error": "NotImplementedError"}, ref)
         assert not verdict.passed and "NotImplementedError" in verdict.message, gid
-        verdict = judge(check, inputs, None, ref)
+        verdict = judge(check, inputs[gid], None, ref)
         assert not verdict.passed and "no answer came back" in verdict.message, gid
 
 
