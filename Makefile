@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: lab instructor test test-browser test-grading demo bench clean-venv sandbox-tools
+.PHONY: lab instructor test test-browser test-grading demo bench clean-venv sandbox-tools production
 
 # JupyterLab on loopback only, with the random token Jupyter makes at each start (the URL it prints carries it);
 # --allow-root only for root (containers, cloud notebooks), where JupyterLab refuses to start without it.
@@ -33,6 +33,10 @@ sandbox-tools:  ## the grader's sandbox: bubblewrap (installed with apt-get when
 	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null \
 	  && (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null); } \
 	  || { echo "the autograder needs bubblewrap (bwrap): apt-get install bubblewrap"; exit 1; }
+
+production: $(STAMP)  ## llama.cpp from PyPI's sources, built once into ~/.cache/specdec-lab (needs cmake, g++)
+	$(PY) -m pip install --quiet -e ".[lab,dev,production]"
+	$(PY) -m specdec_lab.llamacpp build
 
 test: $(STAMP) sandbox-tools  ## lint, then the whole test suite
 	$(VENV)/bin/ruff check .

@@ -186,16 +186,25 @@ def corpus_prompts(kind: str, tokenizer, count: int, max_tokens: int) -> list[Pr
 # ----------------------------------------------------------------------------------------------- methods
 
 
+# Each family's own autoregressive loop: the reference of its measured-vs-predicted efficiency figures.
+OWN_AUTOREGRESSIVE = {"hf": BASELINE, "ours": "plain", "llama.cpp": "llamacpp"}
+
+
 class MethodUnavailable(Exception):
     """A method cannot run here (its module or its weights are missing); the message says why."""
 
 
 @dataclass
 class RunResult:
-    """One prompt through one method: the new tokens and the decoding statistics."""
+    """One prompt through one method: the new tokens and the decoding statistics.
+
+    seconds: the engine's own decoding time, for a runner whose call also does work that is not decoding (a
+    llama.cpp example starts a process and loads its models on every call); None = the call's wall time.
+    """
 
     tokens: list[int]
     stats: DecodeStats
+    seconds: float | None = None
 
 
 Runner = Callable[[list[int], int], RunResult]
@@ -479,6 +488,21 @@ def all_methods() -> list[Method]:
                optional_drafter(eagle, "EagleDrafter", "eagle3", make_eagle("tree"))),
         Method("lookahead", "ours, lookahead (Jacobi window + n-gram pool)", "ours", "tree",
                optional_drafter("specdec_lab.drafters.lookahead", "LookaheadDrafter", None, make_lookahead)),
+        *llamacpp_methods(),
+    ]
+
+
+def llamacpp_methods() -> list[Method]:
+    """llama.cpp's rows (a production engine on the same prompts; see specdec_lab/llamacpp.py)."""
+    from specdec_lab import llamacpp
+
+    return [
+        Method("llamacpp", "llama.cpp, autoregressive (Python bindings)", "llama.cpp", "autoregressive",
+               llamacpp.plain_runner),
+        Method("llamacpp-draft", "llama.cpp speculative-simple, draft model, k fixed", "llama.cpp", "chain",
+               llamacpp.example_runner("llama-speculative-simple"), draft_model=True),
+        Method("llamacpp-lookup", "llama.cpp lookup (prompt lookup)", "llama.cpp", "lookup",
+               llamacpp.example_runner("llama-lookup")),
     ]
 
 
@@ -595,7 +619,8 @@ def time_methods(context: BenchContext, runners: dict[str, Runner], prompts: lis
             for name, run in runners.items():
                 started = time.perf_counter()
                 result = run(prompt.ids, config.seed + index)
-                records[name].seconds[repeat][index] = time.perf_counter() - started
+                wall = time.perf_counter() - started
+                records[name].seconds[repeat][index] = wall if result.seconds is None else result.seconds
                 if repeat == 0:
                     records[name].results[index] = result
                 progress.update(1)
@@ -757,7 +782,7 @@ def summarise_set(records: dict[str, MethodRecord], prompts: list[Prompt], confi
     """
     rows = {}
     for name, record in records.items():
-        reference = records.get(BASELINE if record.method.family == "hf" else "plain")
+        reference = records.get(OWN_AUTOREGRESSIVE.get(record.method.family, "plain"))
         rows[name] = summarise(record, records[baseline], reference, config, costs)
     return {"prompts": len(prompts), "prompt_sources": [p.source for p in prompts],
             "mean_prompt_tokens": round(statistics.mean(len(p.ids) for p in prompts), 1), "methods": rows}
