@@ -34,6 +34,22 @@ CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_N
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
 
 
+# Preloaded into the examples: llama.cpp logs from a background thread that it never stops (on purpose, see its
+# common_log_main), so an example can exit before the thread has written the last lines, which hold the statistics
+# we read (seen often on a busy machine). At exit this stops the logger the way llama.cpp's own
+# common_log_pause does, which first writes out everything queued.
+FLUSH_LOG_SOURCE = """
+struct common_log;
+common_log * common_log_main();
+void common_log_pause(common_log * log);
+
+__attribute__((destructor)) static void specdec_flush_llama_log() {
+    common_log_pause(common_log_main());
+}
+"""
+FLUSH_LOG = "libspecdec_flush_log.so"
+
+
 class LlamaCppUnavailable(RuntimeError):
     """llama.cpp is not built here (or cannot be); the message says why and what to run."""
 
@@ -59,7 +75,7 @@ def bin_dir() -> Path:
 
 def missing() -> str | None:
     """None when llama.cpp is built and usable here, else the reason (with the command that fixes it)."""
-    needed = [bin_dir() / name for name in BINARIES] + [bin_dir() / "libllama.so"]
+    needed = [bin_dir() / name for name in (*BINARIES, "libllama.so", FLUSH_LOG)]
     absent = [p.name for p in needed if not p.exists()]
     if absent:
         return (f"llama.cpp is not built in {home()} (missing {', '.join(absent)}): run `make production` "
@@ -105,16 +121,28 @@ def build(jobs: int = 2, log=print) -> float:
                                   "cmake g++)")
     download_sources(log)
     started = time.perf_counter()
-    build_dir = home() / "build"
-    subprocess.run(["cmake", "-S", str(llama_cpp_dir()), "-B", str(build_dir), *CMAKE_FLAGS], check=True,
-                   stdout=subprocess.DEVNULL)
-    log(f"building llama.cpp into {build_dir} with {jobs} jobs")
-    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", "llama", *BINARIES],
-                   check=True, stdout=subprocess.DEVNULL)
+    build_dir, build_log = home() / "build", home() / "build.log"
+    log(f"building llama.cpp into {build_dir} with {jobs} jobs (compiler output: {build_log})")
+    with open(build_log, "w") as output:  # the compiler's warnings go to the log, not the terminal
+        for step in (["cmake", "-S", str(llama_cpp_dir()), "-B", str(build_dir), *CMAKE_FLAGS],
+                     ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", "llama", *BINARIES]):
+            if subprocess.run(step, stdout=output, stderr=subprocess.STDOUT).returncode != 0:
+                raise LlamaCppUnavailable(f"building llama.cpp failed: see {build_log}")
+    build_flush_log()
     seconds = time.perf_counter() - started
     (home() / "build.json").write_text(json.dumps({"version": VERSION, "seconds": round(seconds, 1),
                                                    "jobs": jobs, "flags": CMAKE_FLAGS}, indent=1))
     return seconds
+
+
+def build_flush_log() -> Path:
+    """Compile the small library that makes the examples write their whole log before they exit."""
+    source = home() / "flush_log.cpp"
+    source.write_text(FLUSH_LOG_SOURCE)
+    library = bin_dir() / FLUSH_LOG
+    subprocess.run(["c++", "-O2", "-shared", "-fPIC", "-o", str(library), str(source), f"-L{bin_dir()}",
+                    "-lllama-common", f"-Wl,-rpath,{bin_dir()}"], check=True)
+    return library
 
 
 # ---------------------------------------------------------------------------------------------- converting
@@ -299,18 +327,11 @@ def run_example(name: str, prompt: str, max_new_tokens: int, k: int, target: Pat
     if draft is not None:
         args += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-p-min", "0", "-td", str(threads),
                  "-tbd", str(threads)]
-    for attempt in range(3):
-        done = subprocess.run(args, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"{name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-        try:
-            figures = parse_report(done.stdout + done.stderr)
-            break
-        except RuntimeError:
-            # llama.cpp logs from a background thread, and on a busy machine the example can exit before that
-            # thread has written its last lines (seen with llama-lookup): the run is fine, its report is lost.
-            if attempt == 2:
-                raise
+    environment = dict(os.environ, LD_PRELOAD=str(bin_dir() / FLUSH_LOG))
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600, env=environment)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    figures = parse_report(done.stdout + done.stderr)
     return ExampleRun(generated_text(done.stdout, prompt), int(figures["n_predict"]),
                       int(figures.get("n_drafted", 0)), int(figures["n_accept"]), figures["seconds"])
 
@@ -409,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
+            if (bin_dir() / "libllama.so").exists() and not (bin_dir() / FLUSH_LOG).exists():
+                build_flush_log()  # a build made before the log fix
             if missing() is None:
                 print(f"llama.cpp is already built in {home()}")
                 return 0
