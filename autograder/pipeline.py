@@ -172,22 +172,18 @@ _references: dict[str, dict] = {}
 def reference(lab: str) -> dict:
     """The namespace of `lab`'s reference solution, run here (trusted code) once per process."""
     with TRUSTED_LOCK:
-        return _reference(lab)
-
-
-def _reference(lab: str) -> dict:
-    if lab not in _references:
-        module = types.ModuleType(f"specdec_reference_{lab}")
-        sys.modules[module.__name__] = module  # dataclasses look their module up there
-        namespace = module.__dict__
-        grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
-        with warnings.catch_warnings():
-            for source in solution_code(lab):
-                exec(compile(source, f"<reference {lab}>", "exec"), namespace)  # noqa: S102 - our own solutions
-        torch.set_grad_enabled(grad)
-        torch.set_num_threads(threads)
-        _references[lab] = namespace
-    return _references[lab]
+        if lab not in _references:
+            module = types.ModuleType(f"specdec_reference_{lab}")
+            sys.modules[module.__name__] = module  # dataclasses look their module up there
+            namespace = module.__dict__
+            grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+            with warnings.catch_warnings():
+                for source in solution_code(lab):
+                    exec(compile(source, f"<reference {lab}>", "exec"), namespace)  # noqa: S102 - our own solutions
+            torch.set_grad_enabled(grad)
+            torch.set_num_threads(threads)
+            _references[lab] = namespace
+        return _references[lab]
 
 
 def rule_notes(assembled: assemble.Assembled, release_nb: nbformat.NotebookNode) -> list[str]:

@@ -266,9 +266,8 @@ def tokenize(model, text: str) -> list[int]:
 
 def greedy(model, ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
     """llama.cpp's plain greedy decoding after the prompt `ids` (the top token at every step)."""
-    model.reset()
     out = []
-    for token in model.generate(ids, top_k=1, temp=0.0, reset=True):
+    for token in model.generate(ids, top_k=1, temp=0.0, reset=True):  # reset: a fresh cache for this prompt
         if token == eos_token_id:
             break
         out.append(int(token))
@@ -430,8 +429,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            if (bin_dir() / "libllama.so").exists() and not (bin_dir() / FLUSH_LOG).exists():
-                build_flush_log()  # a build made before the log fix
             if missing() is None:
                 print(f"llama.cpp is already built in {home()}")
                 return 0
