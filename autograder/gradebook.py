@@ -75,18 +75,22 @@ def release(lab: str, dest: Path) -> Path:
     return target
 
 
-def record(course: Path, lab: str, student: str, scores: dict[str, float], needs_review: bool) -> None:
-    """Write one student's trusted scores (grade id -> points) into the gradebook."""
+def record(course: Path, lab: str, grades: list[tuple[str, dict[str, float], bool]]) -> None:
+    """Write the trusted scores into the gradebook, in one session (opening it costs most of a second).
+
+    grades: per student, (student id, grade id -> points, whether the submission needs a person's review).
+    """
     from nbgrader.api import Gradebook
 
     with warnings.catch_warnings(), Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gradebook:
         warnings.simplefilter("ignore")  # SQLAlchemy 2 warns inside nbgrader's own submission code
-        gradebook.update_or_create_student(student)
-        gradebook.update_or_create_submission(lab, student)
-        for grade_id, score in scores.items():
-            grade = gradebook.find_grade(grade_id, lab, lab, student)
-            grade.auto_score = score
-            grade.needs_manual_grade = needs_review
+        for student, scores, needs_review in grades:
+            gradebook.update_or_create_student(student)
+            gradebook.update_or_create_submission(lab, student)
+            for grade_id, score in scores.items():
+                grade = gradebook.find_grade(grade_id, lab, lab, student)
+                grade.auto_score = score
+                grade.needs_manual_grade = needs_review
         gradebook.db.commit()
 
 

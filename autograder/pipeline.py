@@ -345,8 +345,8 @@ def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, force
         staging = workdir / "staging"
         (staging / "autograded").mkdir(parents=True)
         (staging / "feedback").mkdir()
+        gradebook.record(course, lab, [(r.student, r.tests, r.status != "graded") for r, _ in graded])
         for result, notebook in graded:
-            gradebook.record(course, lab, result.student, result.tests, result.status != "graded")
             if notebook is not None:
                 target = course / "autograded" / result.student / lab / f"{lab}.ipynb"
                 target.parent.mkdir(parents=True)

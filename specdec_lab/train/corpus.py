@@ -15,8 +15,10 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Folders that are tests, vendored packages or build artefacts rather than library source.
-EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "__phello__"}
+# Folders of vendored packages or build artefacts: never read.
+EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "__phello__"}
+# Test suites: read only when a recipe asks for them, and then only as extra training text.
+TEST_DIRS = {"test", "tests", "idle_test"}
 
 
 def stdlib_root() -> Path:
@@ -37,20 +39,23 @@ class Corpus:
     root: Path
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
+    # Test-suite files that add training text. The ones whose path hash falls in the validation share are
+    # left out altogether, so validation figures and held-out prompts stay library code, comparable across zoos.
+    test_files: list[str] = field(default_factory=list)
 
     def read(self, relative_path: str) -> str:
         """The text of one corpus file (undecodable bytes replaced, so every file is usable)."""
         return (self.root / relative_path).read_text(encoding="utf-8", errors="replace")
 
     def texts(self, split: str) -> list[str]:
-        """All texts of one split ("train" or "val"), in the corpus order."""
-        files = {"train": self.train_files, "val": self.val_files}[split]
+        """All texts of one split ("train" or "val"), in the corpus order (test files last in "train")."""
+        files = {"train": self.train_files + self.test_files, "val": self.val_files}[split]
         return [self.read(f) for f in files]
 
     def fingerprint(self) -> str:
         """A short hash of the exact files (names and bytes), recorded with every model trained on them."""
         h = hashlib.sha256()
-        for split, files in (("train", self.train_files), ("val", self.val_files)):
+        for split, files in (("train", self.train_files), ("val", self.val_files), ("test", self.test_files)):
             for rel in files:
                 h.update(f"{split}:{rel}".encode())
                 h.update(hashlib.sha256((self.root / rel).read_bytes()).digest())
@@ -59,32 +64,41 @@ class Corpus:
     def describe(self) -> dict:
         """What a model card records about the data it was trained on."""
         return {
-            "source": "Python standard library (.py files outside test folders)",
+            "source": "Python standard library (.py files outside test folders)"
+            + (", plus its test folders as training text" if self.test_files else ""),
             "python_version": platform.python_version(),
             "train_files": len(self.train_files),
             "val_files": len(self.val_files),
+            "test_files": len(self.test_files),
             "fingerprint": self.fingerprint(),
         }
 
 
-def load_corpus(root: Path | None = None, val_percent: int = 5) -> Corpus:
+def load_corpus(root: Path | None = None, val_percent: int = 5, test_folders: bool = False) -> Corpus:
     """Collect the `.py` files under `root` (default: this interpreter's stdlib), split by path hash.
 
-    root: folder to read; val_percent: share of files (in percent) that go to validation.
+    root: folder to read; val_percent: share of files (in percent) that go to validation; test_folders:
+    also read the test suites, as training text only (about 1.6x the library's size in Python 3.11).
     """
     root = Path(root) if root is not None else stdlib_root()
     if not root.is_dir():
         raise FileNotFoundError(f"corpus folder not found: {root}")
     corpus = Corpus(root=root)
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in EXCLUDED_DIRS and not d.startswith("config-"))
+        skipped = EXCLUDED_DIRS if test_folders else EXCLUDED_DIRS | TEST_DIRS
+        dirnames[:] = sorted(d for d in dirnames if d not in skipped and not d.startswith("config-"))
         for name in sorted(filenames):
             if not name.endswith(".py"):
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-            (corpus.val_files if is_validation(rel, val_percent) else corpus.train_files).append(rel)
-    corpus.train_files.sort()
-    corpus.val_files.sort()
+            held_out = is_validation(rel, val_percent)
+            if TEST_DIRS.intersection(rel.split("/")[:-1]):
+                if not held_out:
+                    corpus.test_files.append(rel)
+            else:
+                (corpus.val_files if held_out else corpus.train_files).append(rel)
+    for files in (corpus.train_files, corpus.val_files, corpus.test_files):
+        files.sort()
     return corpus
 
 

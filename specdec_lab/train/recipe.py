@@ -63,6 +63,8 @@ class ZooRecipe:
     name: str
     vocab_size: int = 4096
     val_percent: int = 5
+    # Train the target and the draft on the library's test suites too (the tokenizer stays library-only).
+    test_folders: bool = False
     # Deep and narrow target, one-layer draft: at this size a CPU forward's cost follows the layer count
     # (per-layer overhead), so these shapes give the ~10x target/draft cost ratio that speculation needs.
     target: ModelShape = field(default_factory=lambda: ModelShape(256, 16, 4, 704))

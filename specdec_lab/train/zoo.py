@@ -54,7 +54,7 @@ def token_streams(recipe: ZooRecipe, zoo_dir: Path, workdir: Path) -> tuple[torc
     if cache.exists():
         data = torch.load(cache)
         return data["train"], data["val"]
-    corpus = load_corpus(val_percent=recipe.val_percent)
+    corpus = load_corpus(val_percent=recipe.val_percent, test_folders=recipe.test_folders)
     tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
     train_stream = tokenize_stream(corpus.texts("train"), tokenizer)
     val_stream = tokenize_stream(corpus.texts("val"), tokenizer)
@@ -138,7 +138,9 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
             print(f"{stage}: paused at step {result['steps']}; run the same command again to resume")
             return result
         export_fp16(model, zoo_dir / stage)
-        result.update(parameters=sum(p.numel() for p in model.parameters()), tokens_seen=tokens_seen(recipe, stage))
+        corpus = load_corpus(val_percent=recipe.val_percent, test_folders=recipe.test_folders)
+        result.update(parameters=sum(p.numel() for p in model.parameters()), tokens_seen=tokens_seen(recipe, stage),
+                      corpus=corpus.describe())
     else:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
     result.update(hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1))
