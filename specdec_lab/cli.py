@@ -275,8 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="measure this device's cost curve and acceptance; choose k and the tree "
                           "budget that maximise predicted tokens/s; write a JSON profile")
     tune.add_argument("--out", default="specdec-profile.json", help="profile to write (default: specdec-profile.json)")
-    tune.add_argument("--prompts", type=int, default=3, help="training-split calibration prompts (default: 3)")
-    tune.add_argument("--max-new-tokens", type=int, default=32, help="tokens per calibration prompt (default: 32)")
+    tune.add_argument("--prompts", type=int, default=6, help="training-split calibration prompts (default: 6)")
+    tune.add_argument("--max-new-tokens", type=int, default=48, help="tokens per calibration prompt (default: 48)")
     tune.add_argument("--temperatures", default="0,1",
                       help="comma-separated temperatures to choose for: 0 = greedy, one > 0 = sampled (default: 0,1)")
     tune.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")

@@ -331,6 +331,7 @@ def generate(
             stats.target_forwards += 1
             stopped = "eos" if state.tokens[-1] == eos else None
             tick = clock.add("verify_seconds", tick)
+            stats.prefill_seconds = stats.verify_seconds  # the only verify time so far
         if not stopped:
             drafter.start(state)
             tick = clock.add("draft_seconds", tick)

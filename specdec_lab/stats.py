@@ -19,7 +19,9 @@ class DecodeStats:
     kept; new_tokens: tokens emitted; accepted_per_step: draft tokens kept at each verification step;
     drafted_at / reached_at / accepted_at: per draft position (0 = first drafted token), how often it was
     proposed, reached (proposed with every earlier position kept) and kept; draft_seconds / verify_seconds /
-    total_seconds: wall time in the drafter, in target forwards plus verification, and overall.
+    total_seconds: wall time in the drafter, in target forwards plus verification, and overall;
+    prefill_seconds: the part of verify_seconds spent on the prompt's own forward, when the loop runs it
+    before the first draft (0 when the prompt rides along with the first verification).
     """
 
     target_forwards: int = 0
@@ -32,6 +34,7 @@ class DecodeStats:
     accepted_at: Counter = field(default_factory=Counter)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0
     total_seconds: float = 0.0
 
     def record_step(self, drafted: int, accepted: int) -> None:

@@ -12,7 +12,10 @@ that observation; the tuner here does the same with a simple cost model:
 - tau and the drafter's time per step: measured by running each candidate setting on calibration prompts
   from the corpus's TRAINING split (held-out prompts stay for the benchmark); chains run once at the longest
   k, and tau(k) for every shorter k follows from how far each step's acceptance reached;
-- the overhead: one plain decoding step's wall time minus one 1-token target forward.
+- the overhead: everything in a step that is neither drafting nor the target forward (the verification rule,
+  cache bookkeeping, a tree's mask and the gather of its accepted path), measured for each candidate on its
+  own calibration run (its step time minus the prompt's prefill, the drafting and the curve's forward time).
+  A tree's bookkeeping costs more than a chain's; an overhead shared by all methods would flatter trees.
 
 `choose` is the pure selection (synthetic curves in the tests); `tune` measures and returns the profile,
 a JSON-ready dict that records the device it was measured on; `tuned_settings` reads a profile back as
@@ -37,7 +40,8 @@ from specdec_lab.tree import DraftTree
 FORMAT = "specdec-tune/1"
 TOKENS_FED = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 METHODS = ("draft", "eagle", "eagle-tree")
-TREE_GRID = {"total_tokens": (4, 8, 16, 32), "depth": (4, 6), "top_k": (4,)}
+# top_k 1 is the one-branch tree (a chain, verified as one): the budget a device gets when no width pays.
+TREE_GRID = {"total_tokens": (4, 6, 8, 16, 32), "depth": (4, 6), "top_k": (1, 4)}
 CHAIN_K = 8  # chains are run at this k; tau(k) for k <= CHAIN_K is read off the same steps
 
 
@@ -78,7 +82,8 @@ class Candidate:
 
     method: "draft", "eagle" (chain) or "eagle-tree"; settings: the drafter's keyword arguments (k / depth,
     or total_tokens, depth, top_k); tau: mean tokens per target forward; draft_seconds: drafting time per
-    step; fed: tokens the verifying forward takes (k + 1, or nodes + 1); shape: "chain" or "tree".
+    step; fed: tokens the verifying forward takes (k + 1, or nodes + 1); shape: "chain" or "tree";
+    overhead_seconds: the rest of a step (see the module docstring), measured on the candidate's run.
     """
 
     method: str
@@ -87,16 +92,18 @@ class Candidate:
     draft_seconds: float
     fed: int
     shape: str
+    overhead_seconds: float = 0.0
     predicted_tokens_per_second: float | None = None
 
 
 def predicted_tokens_per_second(candidate: Candidate, curve: CostCurve, overhead_seconds: float = 0.0) -> float:
     """tau / (drafting + verifying forward + overhead) for one candidate on this curve.
 
-    candidate: the measured setting; curve: the device's forward costs; overhead_seconds: per-step time
-    outside the drafter and the target forward (sampling, verification, cache bookkeeping).
+    candidate: the measured setting (its own overhead included); curve: the device's forward costs;
+    overhead_seconds: extra per-step time charged to every candidate (e.g. a synthetic what-if).
     """
-    step = candidate.draft_seconds + curve.seconds(candidate.fed, candidate.shape) + overhead_seconds
+    step = (candidate.draft_seconds + curve.seconds(candidate.fed, candidate.shape) + candidate.overhead_seconds
+            + overhead_seconds)
     return candidate.tau / step
 
 
@@ -117,13 +124,14 @@ def choose(candidates: Sequence[Candidate], curve: CostCurve, overhead_seconds: 
 
 
 def chain_candidates(method: str, accepted_per_step: Sequence[int], drafted: int, draft_seconds: float,
-                     k_max: int, setting: str) -> list[Candidate]:
+                     k_max: int, setting: str, overhead_seconds: float = 0.0) -> list[Candidate]:
     """Candidates k = 1 .. k_max of a chain method from one run at k_max.
 
     A chain's first i tokens are accepted or not whatever follows them, so tau(k) = 1 + sum over i <= k of
     P(at least i accepted), read off the run's steps. accepted_per_step: tokens kept at each step of the run;
     drafted: tokens drafted in the run; draft_seconds: its drafting time (cost per drafted token = the ratio);
-    k_max: the run's k; setting: the drafter keyword that holds k ("k" or "depth").
+    k_max: the run's k; setting: the drafter keyword that holds k ("k" or "depth"); overhead_seconds: the
+    run's per-step overhead (a chain's bookkeeping hardly depends on k).
     """
     if not accepted_per_step:
         raise ValueError(f"the {method} calibration run has no steps: give longer prompts or more new tokens")
@@ -132,7 +140,7 @@ def chain_candidates(method: str, accepted_per_step: Sequence[int], drafted: int
     out = []
     for k in range(1, k_max + 1):
         tau = 1 + sum(sum(a >= i for a in accepted_per_step) / steps for i in range(1, k + 1))
-        out.append(Candidate(method, {setting: k}, tau, per_token * k, k + 1, "chain"))
+        out.append(Candidate(method, {setting: k}, tau, per_token * k, k + 1, "chain", overhead_seconds))
     return out
 
 
@@ -191,7 +199,7 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
     from specdec_lab.decode import generate
 
     pooled = {"accepted_per_step": [], "drafted": 0, "draft_seconds": 0.0, "total_seconds": 0.0, "steps": 0,
-              "new_tokens": 0, "forwards": 0}
+              "new_tokens": 0, "forwards": 0, "prefill_seconds": 0.0}
     for i, ids in enumerate(prompts):
         stats = generate(target, ids, drafter=make_drafter(), max_new_tokens=max_new_tokens,
                          temperature=temperature, seed=seed + i).stats
@@ -199,20 +207,34 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
         pooled["drafted"] += stats.drafted
         pooled["draft_seconds"] += stats.draft_seconds
         pooled["total_seconds"] += stats.total_seconds
+        pooled["prefill_seconds"] += stats.prefill_seconds
         pooled["steps"] += len(stats.accepted_per_step)
         pooled["new_tokens"] += stats.new_tokens
         pooled["forwards"] += stats.target_forwards
     return pooled
 
 
+def step_overhead(run: dict, curve: CostCurve, fed: int, shape: str) -> float:
+    """A calibration run's per-step time outside drafting and the target forward (never below 0).
+
+    run: `run_calibration`'s pooled figures; curve: the device's forward costs; fed / shape: the verifying
+    forward of one step (the curve prices it).
+    """
+    steps = max(run["steps"], 1)
+    step = (run["total_seconds"] - run["prefill_seconds"] - run["draft_seconds"]) / steps
+    return max(0.0, step - curve.seconds(fed, shape))
+
+
 def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                       tree_grid: dict = TREE_GRID, chain_k: int = CHAIN_K) -> tuple[list[Candidate], float, dict]:
+                       curve: CostCurve, tree_grid: dict = TREE_GRID,
+                       chain_k: int = CHAIN_K) -> tuple[list[Candidate], float, dict]:
     """Measure every candidate of every available method at one temperature.
 
     pair: the `ModelPair` (its draft may be None); head: an `EagleHead` for the target, or None; prompts:
-    calibration token ids; max_new_tokens / temperature: generation settings; tree_grid: the EAGLE tree
-    settings to try (total_tokens, depth, top_k); chain_k: the longest chain. Returns (candidates, the
-    plain decoding seconds per step, notes such as the alpha the sampled trees assumed).
+    calibration token ids; max_new_tokens / temperature: generation settings; curve: the device's forward
+    costs (to separate each run's overhead from its forwards); tree_grid: the EAGLE tree settings to try
+    (total_tokens, depth, top_k); chain_k: the longest chain. Returns (candidates, the plain decoding seconds
+    per step, notes such as the alpha the sampled trees assumed).
     """
     from specdec_lab.drafters.draft_model import DraftModelDrafter
     from specdec_lab.drafters.eagle import EagleDrafter
@@ -225,19 +247,19 @@ def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int
         run = run_calibration(pair.target, prompts, lambda: DraftModelDrafter(pair.draft, k=chain_k), max_new_tokens,
                               temperature)
         candidates += chain_candidates("draft", run["accepted_per_step"], run["drafted"], run["draft_seconds"],
-                                       chain_k, "k")
+                                       chain_k, "k", step_overhead(run, curve, chain_k + 1, "chain"))
     if head is not None:
         run = run_calibration(pair.target, prompts, lambda: EagleDrafter(head, mode="chain", depth=chain_k),
                               max_new_tokens, temperature)
         chain = chain_candidates("eagle", run["accepted_per_step"], run["drafted"], run["draft_seconds"], chain_k,
-                                 "depth")
+                                 "depth", step_overhead(run, curve, chain_k + 1, "chain"))
         candidates += chain
         # A sampled tree's shape assumes each tried child is accepted with the chain's first-token rate.
         alpha = min(0.95, max(0.05, chain[0].tau - 1))
         notes["alpha"] = round(alpha, 3)
         for nodes, depth, top_k in itertools.product(*(tree_grid[key] for key in ("total_tokens", "depth", "top_k"))):
-            if depth > nodes:
-                continue
+            if depth > nodes or (top_k == 1 and nodes != depth):
+                continue  # a tree deeper than its budget, or one branch with nodes it can never fill
             settings = {"total_tokens": nodes, "depth": depth, "top_k": top_k}
             if temperature > 0:
                 settings["alpha"] = notes["alpha"]
@@ -245,11 +267,12 @@ def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int
                                   max_new_tokens, temperature)
             steps = max(run["steps"], 1)
             tau = 1 + sum(run["accepted_per_step"]) / steps
-            candidates.append(Candidate("eagle-tree", settings, tau, run["draft_seconds"] / steps, nodes + 1, "tree"))
+            candidates.append(Candidate("eagle-tree", settings, tau, run["draft_seconds"] / steps, nodes + 1, "tree",
+                                        step_overhead(run, curve, nodes + 1, "tree")))
     return candidates, plain_step, notes
 
 
-def tune(pair=None, head=None, prompts: int = 3, max_new_tokens: int = 32, temperatures: Sequence[float] = (0.0, 1.0),
+def tune(pair=None, head=None, prompts: int = 6, max_new_tokens: int = 48, temperatures: Sequence[float] = (0.0, 1.0),
          threads: int | None = 2, tree_grid: dict = TREE_GRID, chain_k: int = CHAIN_K, trials: int = 7,
          log=print) -> dict:
     """Measure this device and choose each method's settings; returns the profile (a JSON-ready dict).
@@ -292,10 +315,10 @@ def tune(pair=None, head=None, prompts: int = 3, max_new_tokens: int = 32, tempe
     for temperature in temperatures:
         key = "greedy" if temperature == 0 else "sampled"
         log(f"calibrating at temperature {temperature} ({len(ids)} training-split prompts x {max_new_tokens} tokens)")
-        candidates, plain_step, notes = measure_candidates(pair, head, ids, max_new_tokens, temperature, tree_grid,
-                                                           chain_k)
+        candidates, plain_step, notes = measure_candidates(pair, head, ids, max_new_tokens, temperature, curve,
+                                                           tree_grid, chain_k)
         overhead = max(0.0, plain_step - curve.seconds(1))
-        best = choose(candidates, curve, overhead)
+        best = choose(candidates, curve)
         plain_tps = 1 / (curve.seconds(1) + overhead)
         profile["choices"][key] = {
             "temperature": temperature, "overhead_ms": round(overhead * 1e3, 4),
@@ -311,6 +334,7 @@ def candidate_dict(candidate: Candidate) -> dict:
     """A candidate as JSON-ready numbers (milliseconds, rounded)."""
     data = asdict(candidate)
     data["draft_ms"] = round(data.pop("draft_seconds") * 1e3, 4)
+    data["overhead_ms"] = round(data.pop("overhead_seconds") * 1e3, 4)
     data["tau"] = round(data["tau"], 4)
     data["predicted_tokens_per_second"] = round(data["predicted_tokens_per_second"] or 0.0, 2)
     return data
@@ -342,7 +366,7 @@ def format_choice(entry: dict) -> str:
         lines.append(f"  {method}: chose {entry['choice'][method]}")
         for c in rows[:4]:
             lines.append(f"    {c['settings']}  tau {c['tau']:.2f}  draft {c['draft_ms']:.2f} ms  fed {c['fed']}  "
-                         f"-> {c['predicted_tokens_per_second']:.1f} tokens/s")
+                         f"overhead {c['overhead_ms']:.2f} ms -> {c['predicted_tokens_per_second']:.1f} tokens/s")
     return "\n".join(lines)
 
 

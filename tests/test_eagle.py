@@ -138,8 +138,22 @@ def test_sharp_ranking_keeps_the_greedy_chain_when_the_budget_is_the_depth(tiny_
     sharp = first_draft(mode="tree", depth=4, top_k=3, total_tokens=4, rank_temperature=1e-3)
     plain = first_draft(mode="tree", depth=4, top_k=3, total_tokens=4)
     assert sharp.tokens.tolist() == chain.tokens.tolist()
-    assert sharp.parents.tolist() == [-1, 0, 1, 2]
-    assert plain.parents.tolist() != [-1, 0, 1, 2]
+    assert sharp.parents is None  # a one-branch tree goes to the verifier as a chain (no tree mask)
+    assert plain.parents is not None and plain.parents.tolist() != [-1, 0, 1, 2]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_one_branch_tree_is_verified_as_a_chain_and_keeps_greedy_output(tiny_target, tiny_head, temperature):
+    prompt = [5, 17, 3, 42, 8]
+    drafts = []
+    out = sd.generate(tiny_target, prompt, max_new_tokens=12, eos_token_id=-1, temperature=temperature, seed=3,
+                      drafter=EagleDrafter(tiny_head, mode="tree", depth=4, top_k=1, total_tokens=4),
+                      on_step=lambda record: drafts.append(record.draft))
+    assert drafts and all(d.parents is None for d in drafts)
+    if temperature == 0:
+        assert out.tokens == sd.generate(tiny_target, prompt, max_new_tokens=12, eos_token_id=-1).tokens
+    else:  # sampled children carry their q, which the chain rule needs
+        assert all(d.probs is not None and len(d.probs) == len(d.tokens) for d in drafts)
 
 
 def test_sharp_ranking_keeps_the_tokens_top_p_allows(tiny_head):

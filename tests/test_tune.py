@@ -22,6 +22,7 @@ from specdec_lab.tune import (
     chain_candidates,
     choose,
     load_profile,
+    step_overhead,
     tune,
     tuned_settings,
 )
@@ -59,6 +60,22 @@ def test_chain_tau_of_every_k_comes_from_one_run_at_the_longest_k():
     assert choose(candidates, curve(per_token_ms=0.0))["eagle"].settings == {"depth": 3}
     with pytest.raises(ValueError, match="no steps"):
         chain_candidates("eagle", [], 0, 0.0, 3, "depth")
+
+
+def test_each_run_pays_its_own_overhead_so_a_costly_tree_loses_to_the_chain():
+    flat = curve(per_token_ms=0.0)  # 5 ms a forward, however many tokens are fed
+    # 10 steps in 0.2 s after a 20 ms prefill and 40 ms of drafting: 14 ms a step, 5 of them the forward.
+    run = {"steps": 10, "total_seconds": 0.2, "prefill_seconds": 0.02, "draft_seconds": 0.04}
+    assert step_overhead(run, flat, fed=9, shape="chain") == pytest.approx(0.014 - 0.005)
+    assert step_overhead({**run, "total_seconds": 0.05}, flat, 9, "chain") == 0.0  # never below zero
+    # The tree accepts more but its mask and gather cost 3 ms a step more than the chain's bookkeeping.
+    chain = Candidate("eagle", {"depth": 5}, 3.2, 3.2e-3, 6, "chain", overhead_seconds=1e-3)
+    tree = Candidate("eagle-tree", {"total_tokens": 8}, 3.6, 4.0e-3, 9, "tree", overhead_seconds=4e-3)
+    best = choose([chain, tree], flat)
+    assert best["eagle"].predicted_tokens_per_second > best["eagle-tree"].predicted_tokens_per_second
+    shared = choose([Candidate(**{**chain.__dict__, "overhead_seconds": 1e-3}),
+                     Candidate(**{**tree.__dict__, "overhead_seconds": 1e-3})], flat)
+    assert shared["eagle-tree"].predicted_tokens_per_second > shared["eagle"].predicted_tokens_per_second
 
 
 def test_the_cost_curve_interpolates_and_extrapolates_linearly():

@@ -249,6 +249,11 @@ class TreeNode:
     fed: int = -1
 
 
+def is_path(parents: list[int]) -> bool:
+    """Whether a tree, given as each node's parent index (-1 = the root), parents first, is a single chain."""
+    return parents == list(range(-1, len(parents) - 1))
+
+
 class EagleDrafter(Drafter):
     """Drafts with an EAGLE head, as a chain (EAGLE-1) or a dynamic tree (EAGLE-2).
 
@@ -424,7 +429,7 @@ class EagleDrafter(Drafter):
                 nodes[i].fed = len(fed_features)
                 fed_features.append(out[row])
                 nodes.extend(self._children(i, nodes[i].score, log_q[row], d + 1))
-        return self._best_subtree(nodes, state.device)
+        return self._best_subtree(nodes, state.device, state.sampling.greedy)
 
     def _expand(self, nodes: list[TreeNode], expand: list[int], fed_features: list[torch.Tensor], depth: int,
                 device: torch.device) -> torch.Tensor:
@@ -444,8 +449,12 @@ class EagleDrafter(Drafter):
             tokens.append(nodes[i].token)
         return self._step(torch.stack(features), torch.tensor(tokens, device=device), depth, allowed)
 
-    def _best_subtree(self, nodes: list[TreeNode], device: torch.device) -> Draft:
+    def _best_subtree(self, nodes: list[TreeNode], device: torch.device, greedy: bool) -> Draft:
         """Keep the `total_tokens` nodes of highest cumulative log-probability, parents first.
+
+        greedy: whether the run is greedy; then a kept set that is a single path is handed over as a chain
+        (greedy matching is the same rule for both). When sampling, top-k nodes stay a tree, whose rule treats
+        them as point masses.
 
         A child scores at most its parent (log-probabilities are <= 0) and ties are broken by depth, so the
         kept set always contains every kept node's parent.
@@ -455,6 +464,8 @@ class EagleDrafter(Drafter):
         index = {node: slot for slot, node in enumerate(kept)}
         parents = [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in kept]
         tokens = torch.tensor([nodes[i].token for i in kept], dtype=torch.long, device=device)
+        if greedy and is_path(parents):
+            return Draft(tokens, None)  # a one-branch tree is a chain: verified as one, without a tree mask
         # Every candidate is a deterministic function of the context (no random draw), so verification
         # treats each as drawn from a point mass: probs=None (see the class docstring on losslessness).
         return Draft(tokens, None, parents=torch.tensor(parents, dtype=torch.long, device=device))
@@ -511,5 +522,8 @@ class EagleDrafter(Drafter):
                 fed_features.append(out[row])
                 add_children(i, q[row])
         tokens = torch.tensor([node.token for node in nodes], dtype=torch.long, device=state.device)
-        parents = torch.tensor([node.parent for node in nodes], dtype=torch.long, device=state.device)
-        return Draft(tokens, torch.stack(probs), parents=parents)
+        parents = [node.parent for node in nodes]
+        if is_path(parents):
+            # One child per node: recursive rejection over one candidate is the chain rule, so verify it as one.
+            return Draft(tokens, torch.stack(probs))
+        return Draft(tokens, torch.stack(probs), parents=torch.tensor(parents, dtype=torch.long, device=state.device))
