@@ -16,6 +16,8 @@ that observation; the tuner here does the same with a simple cost model:
   cache bookkeeping, a tree's mask and the gather of its accepted path), measured for each candidate on its
   own calibration run (its step time minus the prompt's prefill, the drafting and the curve's forward time).
   A tree's bookkeeping costs more than a chain's; an overhead shared by all methods would flatter trees.
+- the tree budgets include the one-branch tree (top_k 1), which `EagleDrafter` drafts and verifies as a chain,
+  priced from the chain's own run: where no width pays (a steep CPU curve), the tuned tree is the chain.
 
 `choose` is the pure selection (synthetic curves in the tests); `tune` measures and returns the profile,
 a JSON-ready dict that records the device it was measured on; `tuned_settings` reads a profile back as
@@ -40,8 +42,7 @@ from specdec_lab.tree import DraftTree
 FORMAT = "specdec-tune/1"
 TOKENS_FED = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 METHODS = ("draft", "eagle", "eagle-tree")
-# top_k 1 is the one-branch tree (a chain, verified as one): the budget a device gets when no width pays.
-TREE_GRID = {"total_tokens": (4, 6, 8, 16, 32), "depth": (4, 6), "top_k": (1, 4)}
+TREE_GRID = {"total_tokens": (4, 6, 8, 16, 32), "depth": (4, 6), "top_k": (4,)}
 CHAIN_K = 8  # chains are run at this k; tau(k) for k <= CHAIN_K is read off the same steps
 
 
@@ -214,6 +215,19 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
     return pooled
 
 
+def one_branch_tree(chain: Candidate, alpha: float | None = None) -> Candidate:
+    """An EAGLE chain candidate as the tree budget that drafts it: `depth` nodes, one child each (top_k 1).
+
+    `EagleDrafter` drafts and verifies a one-branch tree as a chain, so the tree method can always fall back
+    to the chain when no width pays on this device, and its measurements are the chain's. alpha: recorded
+    with sampled settings, like every sampled tree's (None when greedy).
+    """
+    depth = chain.settings["depth"]
+    settings = {"total_tokens": depth, "depth": depth, "top_k": 1} | ({"alpha": alpha} if alpha is not None else {})
+    return Candidate("eagle-tree", settings, chain.tau, chain.draft_seconds, chain.fed, "chain",
+                     chain.overhead_seconds)
+
+
 def step_overhead(run: dict, curve: CostCurve, fed: int, shape: str) -> float:
     """A calibration run's per-step time outside drafting and the target forward (never below 0).
 
@@ -257,9 +271,10 @@ def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int
         # A sampled tree's shape assumes each tried child is accepted with the chain's first-token rate.
         alpha = min(0.95, max(0.05, chain[0].tau - 1))
         notes["alpha"] = round(alpha, 3)
+        candidates += [one_branch_tree(c, notes["alpha"] if temperature > 0 else None) for c in chain]
         for nodes, depth, top_k in itertools.product(*(tree_grid[key] for key in ("total_tokens", "depth", "top_k"))):
-            if depth > nodes or (top_k == 1 and nodes != depth):
-                continue  # a tree deeper than its budget, or one branch with nodes it can never fill
+            if depth > nodes:
+                continue
             settings = {"total_tokens": nodes, "depth": depth, "top_k": top_k}
             if temperature > 0:
                 settings["alpha"] = notes["alpha"]

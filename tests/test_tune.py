@@ -22,6 +22,7 @@ from specdec_lab.tune import (
     chain_candidates,
     choose,
     load_profile,
+    one_branch_tree,
     step_overhead,
     tune,
     tuned_settings,
@@ -156,3 +157,16 @@ def test_the_tune_command_writes_a_profile_the_other_commands_read(saved_models,
     printed = capsys.readouterr().out.split("---")[1].strip().splitlines()
     figures = dict((part.strip() for part in line.split(":", 1)) for line in printed)
     assert int(figures["drafted"]) <= k * int(figures["target_forwards"])  # at most the tuned k per step
+
+
+def test_the_tree_method_can_fall_back_to_the_chain_it_contains():
+    chain = chain_candidates("eagle", [2, 3, 1, 3], drafted=12, draft_seconds=0.003, k_max=3, setting="depth",
+                             overhead_seconds=1e-3)
+    bushy = Candidate("eagle-tree", {"total_tokens": 16, "depth": 4, "top_k": 4}, 5.0, 2e-3, 17, "tree", 1e-3)
+    steep, flat = curve(per_token_ms=1.0), curve(per_token_ms=0.0)
+    trees = [bushy] + [one_branch_tree(c, alpha=0.7) for c in chain]
+    assert trees[-1].settings == {"total_tokens": 3, "depth": 3, "top_k": 1, "alpha": 0.7}
+    assert choose(trees, steep)["eagle-tree"].settings["top_k"] == 1  # 16 fed tokens cost too much here
+    assert choose(trees, flat)["eagle-tree"] is bushy
+    best_chain = choose(chain, steep)["eagle"]
+    assert choose(trees, steep)["eagle-tree"].predicted_tokens_per_second == best_chain.predicted_tokens_per_second

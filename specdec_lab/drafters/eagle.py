@@ -363,6 +363,10 @@ class EagleDrafter(Drafter):
     def propose(self, state: DecodeState, max_tokens: int) -> Draft:
         if self.mode == "chain":
             return self._propose_chain(state, min(self.depth, max_tokens))
+        if self.top_k == 1 and (state.sampling.greedy or self.children == "sampled"):
+            # A one-branch tree is a chain (each node's only child is its top token, or one draw from q), so it
+            # is drafted and verified as one. Top-k children when sampling stay point masses: no shortcut.
+            return self._propose_chain(state, min(self.depth, self.total_tokens, max_tokens))
         if not state.sampling.greedy and self.children == "sampled":
             return self._propose_sampled_tree(state, min(self.depth, max_tokens))
         return self._propose_tree(state, min(self.depth, max_tokens))
