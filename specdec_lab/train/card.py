@@ -199,6 +199,15 @@ def target_outputs_line(recipe: dict) -> list[str]:
             "scored on the target's outputs, so they learn from them (sequence-level distillation)."]
 
 
+def test_suites_line(corpus: dict) -> list[str]:
+    """The card's line on the test suites as extra training text (none when the corpus has no test files)."""
+    if not corpus.get("test_files"):
+        return []
+    return [f"- Plus {corpus['test_files']} files of the library's test suites, as training text only. Test files "
+            "whose path hash falls in the validation share are left out altogether, so validation and the "
+            "held-out prompts stay library code, the same files as without them."]
+
+
 def write_model_card(zoo_dir: str | Path) -> Path:
     """Render `MODEL_CARD.md` from `recipe.json` and `training.json` (which must hold an evaluation)."""
     zoo_dir = Path(zoo_dir)
@@ -206,7 +215,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
     results = json.loads((zoo_dir / "training.json").read_text())
     ev = results["evaluation"]
     tgt, dft = results["target"], results["draft"]
-    corpus = results["tokenizer"]["corpus"]
+    # The models' own corpus (the target stage records it, test folders included); older zoos: the tokenizer's.
+    corpus = tgt.get("corpus", results["tokenizer"]["corpus"])
 
     def shape(s: dict) -> str:
         layers = f"{s['num_layers']} layer" + ("s" if s["num_layers"] != 1 else "")
@@ -227,8 +237,10 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"- {corpus['source']}, Python {corpus['python_version']}: {corpus['train_files']} training files, "
         f"{corpus['val_files']} validation files (split by a hash of the path), fingerprint "
         f"`{corpus['fingerprint']}`. Another Python version has a different standard library and fingerprint.",
+        *test_suites_line(corpus),
         f"- Tokenizer: byte-level BPE, {recipe['vocab_size']} tokens (`tokenizer/`), `<|endoftext|>` = id 0; "
-        "encode/decode round-trips any source exactly.",
+        "encode/decode round-trips any source exactly"
+        + (" (trained on the library files only)." if corpus.get("test_files") else "."),
         *target_outputs_line(recipe),
         "",
         "## Models",
