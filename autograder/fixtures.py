@@ -251,7 +251,8 @@ LABS: dict[str, LabFixtures] = {
             "temperature_only_on_target": Mistake("draft", "q = probs(forward(model, feed, cache)[-1], temperature)",
                                                   "q = probs(forward(model, feed, cache)[-1], min(temperature, 1.0) "
                                                   "and 1.0)",
-                                                  {"test_draft_sampling_hidden", "test_draft_temperature_hidden"}),
+                                                  {"test_draft", "test_draft_sampling_hidden",
+                                                   "test_draft_temperature_hidden"}),
             "temperature_only_on_draft": Mistake("speculative_step", "dec.target_cache), dec.temperature)",
                                                  "dec.target_cache), min(dec.temperature, 1.0) and 1.0)",
                                                  {"test_step_lossless_hidden"}),
@@ -277,7 +278,7 @@ LABS: dict[str, LabFixtures] = {
                 "logits = forward(model, feed, cache)[-1]\n"
                 "        token = int(torch.multinomial(probs(logits, temperature), 1, generator=generator))\n"
                 "        q = probs(logits, 1.0 if temperature else 0.0)",
-                {"test_draft_sampling_hidden", "test_draft_temperature_hidden"}),
+                {"test_draft", "test_draft_sampling_hidden", "test_draft_temperature_hidden"}),
         },
         honest={"speculative_step": None},
     ),
