@@ -93,9 +93,13 @@ def keep_positions(cache: DynamicCache, start: int, kept: torch.Tensor) -> None:
 
     Used after tree verification: the accepted root-to-leaf path is scattered over the tree's slots, and
     the next step must see it as a contiguous prefix, exactly as sequential decoding would have cached it.
+    Only the kept rows move (gathered, then written in place after the first `start`), so the cost follows the
+    path's length, not the context's, and a `GrowingLayer` keeps appending in place afterwards.
     """
-    index = torch.cat([torch.arange(start, device=kept.device), start + kept])
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False) and layer.keys.numel() > 0:
-            layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
-            layer.values = layer.values.index_select(-2, index.to(layer.values.device))
+    with torch.inference_mode():  # caches filled under inference mode may only be written in place under it
+        for layer in cache.layers:
+            if getattr(layer, "is_initialized", False) and layer.keys.numel() > 0:
+                for tensor in (layer.keys, layer.values):
+                    rows = (start + kept).to(tensor.device)
+                    tensor[..., start : start + len(kept), :] = tensor.index_select(-2, rows)
+    truncate(cache, start + len(kept))
