@@ -63,6 +63,7 @@ def judge_draft_visible(inputs: dict, answers: list, ref: dict) -> None:
     require(all(float(q[i, t]) == 1 for i, t in enumerate(tokens)),
             f"at temperature 0, q should be one-hot at each drafted token; drafted {tokens}, q puts "
             f"{show([float(q[i, t]) for i, t in enumerate(tokens)])} on them")
+    judge_temperature({"cases": inputs["cases"][1:]}, answers[1:], ref)  # the visible case at temperature 0.5
 
 
 def sampling_inputs(generator: torch.Generator, ref: dict) -> dict:
@@ -226,8 +227,9 @@ def judge_formulas_visible(inputs: dict, answer: dict, ref: dict) -> None:
 
 
 CHECKS = {
-    "test_draft": Check("draft", fixed({"cases": [{"context": PROMPT, "k": 4, "temperature": 0.0, "seed": 0}]}),
-                        judge_draft_visible, "draft on the visible case (k = 4, temperature 0)"),
+    "test_draft": Check("draft", fixed({"cases": [{"context": PROMPT, "k": 4, "temperature": 0.0, "seed": 0},
+                                                  {"context": PROMPT, "k": 3, "temperature": 0.5, "seed": 1}]}),
+                        judge_draft_visible, "draft on the visible cases (k = 4 at temperature 0, k = 3 at 0.5)"),
     "test_draft_sampling_hidden": Check("draft_samples", sampling_inputs, judge_sampling,
                                         "draft samples its token from the q it returns (temperature 1.5)"),
     "test_draft_temperature_hidden": Check("draft", temperature_inputs, judge_temperature,
