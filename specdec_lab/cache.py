@@ -96,10 +96,10 @@ def keep_positions(cache: DynamicCache, start: int, kept: torch.Tensor) -> None:
     Only the kept rows move (gathered, then written in place after the first `start`), so the cost follows the
     path's length, not the context's, and a `GrowingLayer` keeps appending in place afterwards.
     """
+    rows = start + kept
     with torch.inference_mode():  # caches filled under inference mode may only be written in place under it
         for layer in cache.layers:
             if getattr(layer, "is_initialized", False) and layer.keys.numel() > 0:
                 for tensor in (layer.keys, layer.values):
-                    rows = (start + kept).to(tensor.device)
-                    tensor[..., start : start + len(kept), :] = tensor.index_select(-2, rows)
+                    tensor[..., start : start + len(kept), :] = tensor.index_select(-2, rows.to(tensor.device))
     truncate(cache, start + len(kept))

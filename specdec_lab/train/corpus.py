@@ -84,8 +84,8 @@ def load_corpus(root: Path | None = None, val_percent: int = 5, test_folders: bo
     if not root.is_dir():
         raise FileNotFoundError(f"corpus folder not found: {root}")
     corpus = Corpus(root=root)
+    skipped = EXCLUDED_DIRS if test_folders else EXCLUDED_DIRS | TEST_DIRS
     for dirpath, dirnames, filenames in os.walk(root):
-        skipped = EXCLUDED_DIRS if test_folders else EXCLUDED_DIRS | TEST_DIRS
         dirnames[:] = sorted(d for d in dirnames if d not in skipped and not d.startswith("config-"))
         for name in sorted(filenames):
             if not name.endswith(".py"):
