@@ -177,6 +177,12 @@ def eagle_table(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def training_minutes(stage: dict) -> float:
+    """A stage's training time in minutes: steps x median step when recorded (pauses excluded), else the
+    wall clock of its training calls."""
+    return (stage.get("compute_seconds") or stage["train_seconds"]) / 60
+
+
 def run_shape(run: dict) -> str:
     return f"{run['steps']} x {run['batch_size']} x {run['seq_len']}"
 
@@ -252,13 +258,15 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         "| objective | next-token cross-entropy | KL to the target's distribution (distillation) |",
         f"| steps x batch x length | {run_shape(recipe['target_run'])} | {draft_runs(recipe)} |",
         f"| tokens seen | {tgt['tokens_seen'] / 1e6:.1f}M | {dft['tokens_seen'] / 1e6:.1f}M |",
-        f"| training time | {tgt['train_seconds'] / 60:.0f} min | {dft['train_seconds'] / 60:.0f} min |",
+        f"| training time | {training_minutes(tgt):.0f} min | {training_minutes(dft):.0f} min |",
         f"| hardware | {tgt['hardware']} | {dft['hardware']} |",
         f"| validation loss (nats/token) | {ev['target_val_loss']:.3f} | {ev['draft_val_loss']:.3f} |",
         f"| validation perplexity | {ev['target_val_ppl']:.1f} | {ev['draft_val_ppl']:.1f} |",
         "",
         f"Validation loss is measured on {ev['check_windows']} (fp16 weights upcast to fp32); the test suite "
-        "re-measures it, so a corrupted or swapped checkpoint fails.",
+        "re-measures it, so a corrupted or swapped checkpoint fails."
+        + (" Training time is the number of steps times the median step's wall time, so time the job sat "
+           "paused does not count." if tgt.get("compute_seconds") else ""),
         "",
         "## Speculative decoding figures",
         "",
@@ -285,7 +293,9 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         lines += ["", rank_temperature_fit(results["eagle_rank_temperature"])]
     if "eagle_heldout" in results:
         lines += ["", eagle_table(results["eagle_heldout"])]
-    lines += ["", "## Sample completions (target, greedy)", ""]
+    lines += ["", "## Sample completions (target, greedy)", "",
+              f"The first {len(ev['samples'])} of the {ev['heldout_prompts']} held-out prompts, in their fixed "
+              "order (not chosen), each with the target's greedy completion.", ""]
     for sample in ev["samples"]:
         lines += ["```python", sample["prompt"] + sample["completion"], "```", ""]
     lines += [

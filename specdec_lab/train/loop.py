@@ -6,8 +6,10 @@ checkpoints that resume exactly, a tqdm bar, and a JSON-lines log of the loss cu
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,18 @@ def lr_at(step: int, run: RunConfig) -> float:
     return run.lr * (run.min_lr_ratio + (1 - run.min_lr_ratio) * cosine)
 
 
+def median_step_seconds(log_path: Path) -> float | None:
+    """The median wall time of one training step, read from a run's JSON-lines log.
+
+    The log's cumulative `seconds` also counts any time the process sat paused (a SIGSTOP, a suspended
+    laptop), so the total overstates the work; steps x median step time does not. Only pairs of
+    consecutive steps count (a resume after a lost checkpoint repeats step numbers).
+    """
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    gaps = [b["seconds"] - a["seconds"] for a, b in itertools.pairwise(records) if b["step"] == a["step"] + 1]
+    return statistics.median(gaps) if gaps else None
+
+
 def train(
     module: torch.nn.Module,
     loss_on_batch: Callable[[int], torch.Tensor],
@@ -41,7 +55,8 @@ def train(
     loss_on_batch: computes the loss of training step `step` (it draws its own batch from the step number,
     so a resumed run sees the same data); evaluate: returns validation figures (a dict, logged);
     workdir: where `checkpoint.pt` and `log.jsonl` live; max_minutes: stop early (checkpointed) after this
-    much wall time, to be resumed by the same call. Returns the last evaluation plus timing.
+    much wall time, to be resumed by the same call. Returns the last evaluation plus timing: `train_seconds`
+    (wall time, pauses included) and `compute_seconds` (steps x median step time, pauses excluded).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -101,5 +116,7 @@ def train(
     bar.close()
     log.close()
     module.eval()
+    median = median_step_seconds(workdir / "log.jsonl")
     return {**state["last_eval"], "steps": state["step"], "train_seconds": round(state["seconds"], 1),
+            "compute_seconds": round(median * state["step"], 1) if median is not None else None,
             "finished": state["step"] >= run.steps}

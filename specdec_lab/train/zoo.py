@@ -105,7 +105,8 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
     phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, workdir / "draft-tune",
                               max_minutes)
     phase_two["steps"] += result["steps"]
-    phase_two["train_seconds"] = round(phase_two["train_seconds"] + result["train_seconds"], 1)
+    for key in ("train_seconds", "compute_seconds"):
+        phase_two[key] = round(phase_two[key] + result[key], 1)
     return phase_two
 
 

@@ -1,0 +1,55 @@
+"""The shared training loop: its reported training time ignores pauses, and a resumed run ends where a straight
+run would."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from specdec_lab.train.loop import median_step_seconds, train
+from specdec_lab.train.recipe import RunConfig
+
+
+def write_log(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_long_pause_does_not_count_as_training_time(tmp_path):
+    # Steps of 2 s, but the process sat stopped for an hour before step 4.
+    seconds = [2.0, 4.0, 6.0, 3606.0, 3608.0, 3610.0]
+    write_log(tmp_path / "log.jsonl", [{"step": i + 1, "seconds": s} for i, s in enumerate(seconds)])
+    assert median_step_seconds(tmp_path / "log.jsonl") == 2.0
+
+
+def test_steps_repeated_after_a_resume_are_not_read_as_negative_gaps(tmp_path):
+    # Killed after step 3 with its last checkpoint at step 2: step 3 runs again, its clock restarts at 4.0.
+    records = [(1, 2.0), (2, 4.0), (3, 6.0), (3, 7.0), (4, 10.0), (5, 13.0)]
+    write_log(tmp_path / "log.jsonl", [{"step": step, "seconds": s} for step, s in records])
+    # Gaps 2, 2, 3, 3: median 2.5. Reading the 3 -> 3 pair as a 1 s step would give 2.
+    assert median_step_seconds(tmp_path / "log.jsonl") == 2.5
+
+
+def tiny_run(workdir, max_minutes=None):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    data = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+
+    def loss_on_batch(step: int) -> torch.Tensor:
+        batch = data[(step * 8) % 64:][:8]
+        return (model(batch) - batch.sum(-1, keepdim=True)).pow(2).mean()
+
+    run = RunConfig(steps=6, batch_size=8, seq_len=1, warmup_steps=1, eval_every=3, eval_batches=1,
+                    checkpoint_every=1)
+    result = train(model, loss_on_batch, lambda: {"val": 0.0}, run, workdir, "tiny", max_minutes)
+    return model, result
+
+
+def test_a_paused_run_resumes_to_the_same_weights_and_reports_compute_time(tmp_path):
+    straight, done = tiny_run(tmp_path / "straight")
+    tiny_run(tmp_path / "paused", max_minutes=0)  # stops (checkpointed) after its first step
+    resumed, result = tiny_run(tmp_path / "paused")
+    assert result["finished"] and result["steps"] == done["steps"] == 6
+    assert torch.equal(resumed.weight, straight.weight)
+    median = median_step_seconds(tmp_path / "paused" / "log.jsonl")
+    assert result["compute_seconds"] == round(median * 6, 1)
