@@ -308,7 +308,9 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         "",
     ]
     path = zoo_dir / "MODEL_CARD.md"
-    path.write_text("\n".join(lines))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)  # atomic: an error mid-write leaves the old card whole
     return path
 
 
