@@ -194,7 +194,7 @@ def build_tiny_zoo(tmp_path, tune: bool) -> tuple:
     run = RunConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1, eval_every=3, eval_batches=1)
     recipe = ZooRecipe("tiny", draft=ModelShape(16, 1, 2, 32, 64), draft_run=run,
                        draft_tune_run=RunConfig(**{**run.__dict__, "steps": 2}) if tune else None,
-                       target_outputs=TargetOutputs(prompts=4, share=0.5))
+                       target_outputs=TargetOutputs(prompts=4, share=0.5), phase_check_prompts=2)
     recipe.save(zoo / "recipe.json")
     gen = torch.Generator().manual_seed(0)
     (runs / "tiny").mkdir(parents=True)

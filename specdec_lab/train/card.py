@@ -177,6 +177,17 @@ def eagle_table(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def phase_acceptance_line(draft: dict) -> list[str]:
+    """What each draft training phase bought: greedy acceptance measured after it (when the stage did)."""
+    checks = draft.get("acceptance_after_phase")
+    if not checks:
+        return []
+    phases = [key for key in checks if key not in ("prompts", "k", "max_new_tokens")]
+    figures = ", ".join(f"{checks[phase]:.3f} after training on {phase}" for phase in phases)
+    return [f"- draft greedy acceptance at k = {checks['k']} on the first {checks['prompts']} held-out prompts "
+            f"({checks['max_new_tokens']} tokens, fp32 weights, measured by the draft stage): {figures}"]
+
+
 def training_minutes(stage: dict) -> float:
     """A stage's training time in minutes: steps x median step when recorded (pauses excluded), else the
     wall clock of its training calls."""
@@ -280,6 +291,7 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"- one single-token forward after a 128-token cached prefix ({ev['threads']} CPU threads, median): "
         f"target {ev['target_forward_ms']:.2f} ms, draft {ev['draft_forward_ms']:.2f} ms, "
         f"ratio {ev['forward_cost_ratio']:.1f}x",
+        *phase_acceptance_line(dft),
     ]
     notes = [note for stage in ("target", "draft") for note in results[stage].get("notes", [])]
     if notes:

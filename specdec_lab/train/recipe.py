@@ -74,6 +74,9 @@ class ZooRecipe:
     # Second draft phase, on a mix of corpus and target outputs (None: corpus distillation only).
     draft_tune_run: RunConfig | None = None
     target_outputs: TargetOutputs = field(default_factory=TargetOutputs)
+    # Held-out prompts on which the draft stage measures greedy acceptance (k = 4, 64 new tokens) after each
+    # phase, so the card shows what the second phase bought (0: skip the measurement).
+    phase_check_prompts: int = 100
     # Sections owned by other stages (e.g. "medusa", "eagle"): kept verbatim, read by their own code.
     extra: dict = field(default_factory=dict)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from specdec_lab.train.corpus import load_corpus
+from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
 from specdec_lab.train.recipe import ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix, target_output_stream
@@ -88,6 +88,20 @@ def tokens_seen(recipe: ZooRecipe, stage: str) -> int:
     return sum(r.steps * r.batch_size * r.seq_len for r in runs if r is not None)
 
 
+def heldout_acceptance(target: LlamaForCausalLM, draft: LlamaForCausalLM, tokenizer, prompts: int,
+                       k: int = 4, max_new_tokens: int = 64) -> float:
+    """Greedy acceptance rate of `draft` proposing `k` tokens for `target` on the first `prompts` held-out
+    prompts (validation files, never trained on), `max_new_tokens` each."""
+    import specdec_lab as sd
+
+    drafted = accepted = 0
+    for text in heldout_prompts(prompts):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        stats = sd.generate(target, ids, drafter=sd.DraftModelDrafter(draft, k=k), max_new_tokens=max_new_tokens).stats
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    return round(accepted / drafted, 3)
+
+
 def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workdir: Path,
                 streams: tuple[torch.Tensor, torch.Tensor], max_minutes: float | None) -> dict:
     """Distil the draft in two phases: on the corpus, then (if the recipe has `draft_tune_run`) on corpus
@@ -96,18 +110,29 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
     streams: the corpus train and validation tokens.
     """
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
     train_stream, val_stream = streams
     result = distill_draft(draft, target, TrainingMix(train_stream), val_stream, recipe.draft_run,
                            workdir / "draft", max_minutes)
-    if not result["finished"] or recipe.draft_tune_run is None:
+    if not result["finished"]:
         return result
-    mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream)
-    phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, workdir / "draft-tune",
-                              max_minutes)
-    phase_two["steps"] += result["steps"]
-    for key in ("train_seconds", "compute_seconds"):
-        phase_two[key] = round(phase_two[key] + result[key], 1)
-    return phase_two
+    checks = recipe.phase_check_prompts
+    acceptance = {"corpus": heldout_acceptance(target, draft, tokenizer, checks)} if checks else {}
+    if recipe.draft_tune_run is not None:
+        mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream)
+        phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, workdir / "draft-tune",
+                                  max_minutes)
+        if not phase_two["finished"]:
+            return phase_two
+        phase_two["steps"] += result["steps"]
+        for key in ("train_seconds", "compute_seconds"):
+            phase_two[key] = round(phase_two[key] + result[key], 1)
+        result = phase_two
+        if checks:
+            acceptance["corpus, then target outputs"] = heldout_acceptance(target, draft, tokenizer, checks)
+    if acceptance:
+        result["acceptance_after_phase"] = {"prompts": checks, "k": 4, "max_new_tokens": 64, **acceptance}
+    return result
 
 
 def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minutes: float | None = None) -> dict:
