@@ -15,7 +15,6 @@ token-level access for tokenisation and plain greedy decoding.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -213,26 +212,16 @@ def convert(model_dir: Path, tokenizer_dir: Path, out: Path, outtype: str = "f32
     return out
 
 
-def digest(*folders: Path) -> str:
-    """A short hash of every file in `folders` (names and contents)."""
-    hasher = hashlib.sha256()
-    for folder in folders:
-        for path in sorted(Path(folder).iterdir()):
-            if path.is_file():
-                hasher.update(path.name.encode() + path.read_bytes())
-    return hasher.hexdigest()[:12]
-
-
 def convert_zoo(out_dir: Path | None = None) -> dict[str, Path]:
     """The zoo target and draft as GGUF files in `out_dir` (default: the cache); reused when already there."""
-    from specdec_lab.models import zoo_path
+    from specdec_lab.models import folder_digest, zoo_path
 
     zoo = zoo_path()
     out_dir = Path(out_dir) if out_dir else home() / "gguf"
     files = {}
     for role in ("target", "draft"):
         # Named by a digest of the weights and the tokenizer: a retrained zoo never reuses a stale conversion.
-        files[role] = out_dir / f"{zoo.name}-{role}-{digest(zoo / role, zoo / 'tokenizer')}.gguf"
+        files[role] = out_dir / f"{zoo.name}-{role}-{folder_digest(zoo / role, zoo / 'tokenizer')}.gguf"
         if not files[role].exists():
             convert(zoo / role, zoo / "tokenizer", files[role])
     return files

@@ -6,6 +6,7 @@ The tokenizer is looked up in the model folder first, then in a sibling `tokeniz
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,16 @@ hf_logging.disable_progress_bar()
 
 ZOO_ROOT = Path(__file__).parent / "zoo"
 DEFAULT_ZOO = "stdlib-14m"
+
+
+def folder_digest(*folders: str | Path) -> str:
+    """A short hash of every file in `folders` (names and contents): names a model's exact weights."""
+    hasher = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file():
+                hasher.update(path.name.encode() + path.read_bytes())
+    return hasher.hexdigest()[:12]
 
 
 @dataclass

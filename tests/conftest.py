@@ -187,6 +187,8 @@ def tiny_zoo():
 def build_tiny_zoo(tmp_path, tune: bool) -> tuple:
     """A zoo folder with the real tokenizer, a tiny random target and a recipe for a tiny draft; the work
     folder holds synthetic token streams (what tokenising the corpus and completing prompts would cache)."""
+    from specdec_lab.train.zoo import against_target
+
     zoo, runs = tmp_path / "zoo", tmp_path / "runs"
     shutil.copytree(zoo_path() / "tokenizer", zoo / "tokenizer")
     make_llama(vocab_size=4096, hidden_size=32, num_layers=1, seed=0, eos_token_id=0).save_pretrained(
@@ -200,5 +202,7 @@ def build_tiny_zoo(tmp_path, tune: bool) -> tuple:
     (runs / "tiny").mkdir(parents=True)
     torch.save({"train": torch.randint(1, 4096, (2000,), generator=gen, dtype=torch.int32),
                 "val": torch.randint(1, 4096, (500,), generator=gen, dtype=torch.int32)}, runs / "tiny" / "streams.pt")
-    torch.save(torch.randint(1, 4096, (800,), generator=gen, dtype=torch.int32), runs / "tiny" / "target_outputs.pt")
+    outputs = against_target(runs / "tiny", zoo) / "target_outputs.pt"  # what this target would write
+    outputs.parent.mkdir()
+    torch.save(torch.randint(1, 4096, (800,), generator=gen, dtype=torch.int32), outputs)
     return zoo, runs

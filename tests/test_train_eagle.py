@@ -13,6 +13,7 @@ from specdec_lab.sampling import SamplingConfig
 from specdec_lab.train.eagle import EagleRecipe, eagle_losses, run_eagle_stage, train_head, unroll
 from specdec_lab.train.recipe import ModelShape, RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
+from specdec_lab.train.zoo import against_target
 
 
 def test_unroll_equals_drafting_one_step_at_a_time(tiny_target):
@@ -87,7 +88,9 @@ def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, t
     # The token streams are cached in the work folder: a synthetic one stands in for the tokenised corpus.
     (runs / "tiny").mkdir(parents=True)
     torch.save({"train": repetitive_stream(), "val": repetitive_stream(700)}, runs / "tiny" / "streams.pt")
-    torch.save(repetitive_stream(1400), runs / "tiny" / "target_outputs.pt")  # and the target-written text
+    outputs = against_target(runs / "tiny", zoo) / "target_outputs.pt"  # and this target's own text
+    outputs.parent.mkdir()
+    torch.save(repetitive_stream(1400), outputs)
     section = {"eagle1": asdict(tiny_recipe(4)), "eagle3": asdict(tiny_recipe(3, feature_layers=[0, 1, 2],
                                                                                unroll_steps=2, reg_weight=0.0))}
     recipe.extra["eagle"] = section

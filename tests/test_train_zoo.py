@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import torch
+from conftest import make_llama
 from transformers import AutoModelForCausalLM
 
-from specdec_lab.train.zoo import run_stage
+from specdec_lab.train.zoo import against_target, run_stage
 
 
 def test_the_draft_trains_in_two_phases_and_ships(tmp_path, tiny_zoo):
@@ -15,7 +16,7 @@ def test_the_draft_trains_in_two_phases_and_ships(tmp_path, tiny_zoo):
     result = run_stage("draft", zoo / "recipe.json", runs)
     assert result["finished"] and result["steps"] == 3 + 2
     assert result["tokens_seen"] == (3 + 2) * 2 * 16
-    phases = [runs / "tiny" / name / "log.jsonl" for name in ("draft", "draft-tune")]
+    phases = [against_target(runs / "tiny", zoo) / name / "log.jsonl" for name in ("draft", "draft-tune")]
     assert [len(p.read_text().splitlines()) for p in phases] == [3, 2]
     draft = AutoModelForCausalLM.from_pretrained(str(zoo / "draft"))
     assert draft.config.hidden_size == 16 and draft.dtype == torch.float16  # shipped as fp16
@@ -34,8 +35,24 @@ def test_a_paused_draft_resumes_where_it_stopped(tmp_path, tiny_zoo):
 
 def test_without_a_second_phase_the_draft_is_corpus_distillation_only(tmp_path, tiny_zoo):
     zoo, runs = tiny_zoo(tmp_path, tune=False)
-    (runs / "tiny" / "target_outputs.pt").unlink()  # must not be needed (nor generated)
+    state = against_target(runs / "tiny", zoo)
+    (state / "target_outputs.pt").unlink()  # must not be needed (nor generated)
     result = run_stage("draft", zoo / "recipe.json", runs)
-    assert result["steps"] == 3 and not (runs / "tiny" / "target_outputs.pt").exists()
-    assert not (runs / "tiny" / "draft-tune").exists()
+    assert result["steps"] == 3 and not (state / "target_outputs.pt").exists()
+    assert not (state / "draft-tune").exists()
     assert list(result["acceptance_after_phase"])[-1] == "corpus"  # one phase, one measurement
+
+
+def test_a_retrained_target_starts_the_draft_afresh(tmp_path, tiny_zoo):
+    zoo, runs = tiny_zoo(tmp_path, tune=False)
+    old_state = against_target(runs / "tiny", zoo)
+    run_stage("draft", zoo / "recipe.json", runs)
+    assert (old_state / "draft" / "checkpoint.pt").exists()
+    # A new target (other weights): the finished checkpoint above was distilled from the old one and must not
+    # be resumed (it would export the old draft without training a step).
+    make_llama(vocab_size=4096, hidden_size=32, num_layers=1, seed=1, eos_token_id=0).save_pretrained(
+        str(zoo / "target"))
+    new_state = against_target(runs / "tiny", zoo)
+    assert new_state != old_state
+    run_stage("draft", zoo / "recipe.json", runs)
+    assert len((new_state / "draft" / "log.jsonl").read_text().splitlines()) == 3  # trained all its steps

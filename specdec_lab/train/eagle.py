@@ -35,7 +35,7 @@ from specdec_lab.train.lm import fixed_eval_batches
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
-from specdec_lab.train.zoo import hardware, record_result, training_data
+from specdec_lab.train.zoo import against_target, hardware, record_result, training_data
 
 # Zoo folder and training.json entry of each variant.
 VARIANTS = {"eagle1": "eagle", "eagle3": "eagle3"}
@@ -215,7 +215,8 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     head = EagleHead(config).attach(target)
     if recipe.init_from_layer is not None:
         head.init_from_target_layer(target, recipe.init_from_layer)
-    result = train_head(head, target, data, val_stream, recipe, workdir / variant, variant, max_minutes)
+    result = train_head(head, target, data, val_stream, recipe, against_target(workdir, zoo_dir) / variant,
+                        variant, max_minutes)
     if not result["finished"]:
         print(f"{variant}: paused at step {result['steps']}; run the same command again to resume")
         if not export_partial:

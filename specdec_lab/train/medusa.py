@@ -28,7 +28,7 @@ from specdec_lab.train.lm import fixed_eval_batches, sample_batch
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
-from specdec_lab.train.zoo import hardware, record_result, training_data
+from specdec_lab.train.zoo import against_target, hardware, record_result, training_data
 from specdec_lab.tree import expected_accepted, sparse_tree
 
 SECTION = "medusa"
@@ -261,7 +261,8 @@ def run_medusa_stage(recipe_path: str | Path, workdir: str | Path, max_minutes: 
         raise FileNotFoundError(f"the Medusa stage needs the zoo target in {zoo_dir / 'target'}; train it first")
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
     data, val_stream = training_data(recipe, zoo_dir, workdir, target)
-    heads, result = train_heads(target, data, val_stream, config, workdir / "medusa", max_minutes)
+    heads, result = train_heads(target, data, val_stream, config, against_target(workdir, zoo_dir) / "medusa",
+                                 max_minutes)
     if not result["finished"]:
         print(f"medusa: paused at step {result['steps']}; run the same command again to resume")
         return result

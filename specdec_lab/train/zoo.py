@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from specdec_lab.models import folder_digest
 from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
 from specdec_lab.train.recipe import ZooRecipe
@@ -63,10 +64,17 @@ def token_streams(recipe: ZooRecipe, zoo_dir: Path, workdir: Path) -> tuple[torc
     return train_stream, val_stream
 
 
+def against_target(workdir: Path, zoo_dir: Path) -> Path:
+    """Where a stage trained against the zoo's target keeps its checkpoints and the target's completions:
+    a folder named by the target's weights, so a retrained target never resumes a draft or a head trained
+    against the old one, nor reuses the old target's text."""
+    return workdir / f"on-target-{folder_digest(zoo_dir / 'target')}"
+
+
 def training_data(recipe: ZooRecipe, zoo_dir: Path, workdir: Path,
                   target: LlamaForCausalLM) -> tuple[TrainingMix, torch.Tensor]:
     """What the draft's second phase and the heads train on: corpus plus the target's own completions
-    (generated once, cached in `workdir`), and the corpus validation stream they are evaluated on."""
+    (generated once, cached against this target), and the corpus validation stream they are evaluated on."""
     train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
     return with_target_outputs(recipe, zoo_dir, workdir, target, train_stream), val_stream
 
@@ -78,7 +86,7 @@ def with_target_outputs(recipe: ZooRecipe, zoo_dir: Path, workdir: Path, target:
     if settings.prompts == 0 or settings.share == 0:
         return TrainingMix(train_stream)
     outputs = target_output_stream(target, zoo_dir / "tokenizer", settings, recipe.val_percent,
-                                   workdir / "target_outputs.pt")
+                                   against_target(workdir, zoo_dir) / "target_outputs.pt")
     return TrainingMix(train_stream, outputs, settings.share)
 
 
@@ -112,15 +120,16 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
     train_stream, val_stream = streams
+    state = against_target(workdir, zoo_dir)
     result = distill_draft(draft, target, TrainingMix(train_stream), val_stream, recipe.draft_run,
-                           workdir / "draft", max_minutes)
+                           state / "draft", max_minutes)
     if not result["finished"]:
         return result
     checks = recipe.phase_check_prompts
     acceptance = {"corpus": heldout_acceptance(target, draft, tokenizer, checks)} if checks else {}
     if recipe.draft_tune_run is not None:
         mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream)
-        phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, workdir / "draft-tune",
+        phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, state / "draft-tune",
                                   max_minutes)
         if not phase_two["finished"]:
             return phase_two
