@@ -53,3 +53,15 @@ def test_a_paused_run_resumes_to_the_same_weights_and_reports_compute_time(tmp_p
     assert torch.equal(resumed.weight, straight.weight)
     median = median_step_seconds(tmp_path / "paused" / "log.jsonl")
     assert result["compute_seconds"] == round(median * 6, 1)
+
+
+def test_a_call_that_only_re_measures_reports_the_hardware_that_trained(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _, trained = tiny_run(tmp_path)
+        torch.set_num_threads(2)  # e.g. the stage re-run on 2 threads to re-measure on a quiet machine
+        _, again = tiny_run(tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert trained["hardware"].endswith("1 thread") and again["hardware"] == trained["hardware"]

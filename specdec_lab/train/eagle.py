@@ -226,7 +226,7 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     result.update(parameters=sum(p.numel() for p in head.parameters()), feature_layers=config.feature_layers,
                   unroll_steps=recipe.unroll_steps, planned_steps=run.steps,
                   tokens_seen=result["steps"] * run.batch_size * run.seq_len,
-                  hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1))
+                  wall_seconds_this_call=round(time.time() - started, 1))
     record_result(zoo_dir, VARIANTS[variant], result)
     return result
 

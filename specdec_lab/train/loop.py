@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -27,6 +28,14 @@ def lr_at(step: int, run: RunConfig) -> float:
     progress = (step - run.warmup_steps) / max(1, run.steps - run.warmup_steps)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return run.lr * (run.min_lr_ratio + (1 - run.min_lr_ratio) * cosine)
+
+
+def hardware() -> str:
+    """A one-line description of what runs this process's training steps (recorded in the model card)."""
+    if torch.cuda.is_available():
+        return f"CUDA: {torch.cuda.get_device_name(0)}"
+    threads = torch.get_num_threads()
+    return f"CPU: {platform.processor() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def median_step_seconds(log_path: Path) -> float | None:
@@ -56,7 +65,8 @@ def train(
     so a resumed run sees the same data); evaluate: returns validation figures (a dict, logged);
     workdir: where `checkpoint.pt` and `log.jsonl` live; max_minutes: stop early (checkpointed) after this
     much wall time, to be resumed by the same call. Returns the last evaluation plus timing: `train_seconds`
-    (wall time, pauses included) and `compute_seconds` (steps x median step time, pauses excluded).
+    (wall time, pauses included), `compute_seconds` (steps x median step time, pauses excluded) and the
+    `hardware` the last step ran on.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +105,7 @@ def train(
         torch.nn.utils.clip_grad_norm_(params, run.grad_clip)
         optimizer.step()
         state["step"] = step + 1
+        state["hardware"] = hardware()  # what trained, not what a later call that only re-measures runs on
         state["seconds"] = seconds_before + time.perf_counter() - started
         record = {"step": step + 1, "loss": round(loss.item(), 4), "lr": optimizer.param_groups[0]["lr"],
                   "seconds": round(state["seconds"], 1)}
@@ -117,6 +128,7 @@ def train(
     log.close()
     module.eval()
     median = median_step_seconds(workdir / "log.jsonl")
-    return {**state["last_eval"], "steps": state["step"], "train_seconds": round(state["seconds"], 1),
+    return {**state["last_eval"], "steps": state["step"], "hardware": state.get("hardware", hardware()),
+            "train_seconds": round(state["seconds"], 1),
             "compute_seconds": round(median * state["step"], 1) if median is not None else None,
             "finished": state["step"] >= run.steps}

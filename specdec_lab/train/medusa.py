@@ -28,7 +28,7 @@ from specdec_lab.train.lm import fixed_eval_batches, sample_batch
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
-from specdec_lab.train.zoo import against_target, hardware, record_result, training_data
+from specdec_lab.train.zoo import against_target, record_result, training_data
 from specdec_lab.tree import expected_accepted, sparse_tree
 
 SECTION = "medusa"
@@ -290,7 +290,7 @@ def run_medusa_stage(recipe_path: str | Path, workdir: str | Path, max_minutes: 
         tree_expected_tau=round(expected_accepted(heads.tree, on_outputs.tolist()), 3),
         tree_rank_accuracy=[[round(a, 4) for a in head] for head in on_outputs.tolist()],
         measured=measured, card=heads_card(accuracy, on_outputs, heads.tree, measured),
-        hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1),
+        wall_seconds_this_call=round(time.time() - started, 1),
     )
     record_result(zoo_dir, SECTION, result)
     return result

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -18,19 +17,12 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 from specdec_lab.models import folder_digest
 from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
+from specdec_lab.train.loop import hardware
 from specdec_lab.train.recipe import ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix, target_output_stream
 from specdec_lab.train.tokenizer import train_tokenizer
 
 STAGES = ("tokenizer", "target", "draft")
-
-
-def hardware() -> str:
-    """A one-line description of what trained a model (recorded in the model card)."""
-    if torch.cuda.is_available():
-        return f"CUDA: {torch.cuda.get_device_name(0)}"
-    threads = torch.get_num_threads()
-    return f"CPU: {platform.processor() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def record_result(zoo_dir: Path, stage: str, result: dict) -> None:
@@ -178,6 +170,7 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
                       corpus=corpus.describe())
     else:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
-    result.update(hardware=hardware(), wall_seconds_this_call=round(time.time() - started, 1))
+    result.setdefault("hardware", hardware())  # the loop records what trained; the tokenizer stage has no loop
+    result.update(wall_seconds_this_call=round(time.time() - started, 1))
     record_result(zoo_dir, stage, result)
     return result
