@@ -1,0 +1,41 @@
+"""The model card's renderer: figures come from the stages' records, whatever the run went through."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from specdec_lab.models import zoo_path
+from specdec_lab.train.card import write_model_card
+
+
+def card_for(tmp_path, edit) -> str:
+    """Render the shipped zoo's card after `edit` changed a copy of its training record."""
+    for name in ("recipe.json", "training.json"):
+        shutil.copy(zoo_path() / name, tmp_path / name)
+    record = json.loads((tmp_path / "training.json").read_text())
+    edit(record)
+    (tmp_path / "training.json").write_text(json.dumps(record))
+    return write_model_card(tmp_path).read_text()
+
+
+def test_training_time_leaves_out_the_hours_a_job_sat_paused(tmp_path):
+    def paused_for_three_hours(record):
+        record["target"].update(train_seconds=4000 + 3 * 3600, compute_seconds=4000)
+
+    card = card_for(tmp_path, paused_for_three_hours)
+    assert "| training time | 67 min |" in card and "median step" in card
+
+
+def test_the_draft_phases_acceptance_is_printed_as_measured(tmp_path):
+    def measured(record):
+        record["draft"]["acceptance_after_phase"] = {"prompts": 100, "k": 4, "max_new_tokens": 64,
+                                                     "corpus": 0.4912, "corpus, then target outputs": 0.6451}
+    card = card_for(tmp_path, measured)
+    assert "0.491 after training on corpus, 0.645 after training on corpus, then target outputs" in card
+    assert "first 100 held-out prompts" in card
+
+
+def test_the_sample_completions_say_how_they_were_chosen(tmp_path):
+    card = card_for(tmp_path, lambda record: None)
+    assert "The first 3 of the 100 held-out prompts, in their fixed order (not chosen)" in card
