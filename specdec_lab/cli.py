@@ -165,6 +165,8 @@ def cmd_bench(args) -> None:
         print(f"wrote {report.write_json(result, args.json)}")
     if args.html:
         print(f"wrote {report.write_html(result, args.html)}")
+    if args.markdown:
+        print(f"wrote {report.write_atomic(args.markdown, report.markdown_report(result))}")
 
 
 def cmd_tune(args) -> None:
@@ -269,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0, help="base sampling seed; prompt i uses seed + i")
     bench.add_argument("--json", metavar="PATH", help="write the raw figures as JSON")
     bench.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with charts")
+    bench.add_argument("--markdown", metavar="PATH", help="write the tables as Markdown (what the README shows)")
     add_model_options(bench)
     bench.set_defaults(func=cmd_bench)
 

@@ -107,6 +107,17 @@ def markdown_table(result: dict, kind: str) -> str:
     return "\n".join(rows)
 
 
+def markdown_report(result: dict) -> str:
+    """The whole benchmark as Markdown (for READMEs): what ran on what, then a table per prompt set, each
+    headed by its prompt count, mean prompt length and the run's date."""
+    lines = [f"- {line}" for line in describe_run(result)]
+    for kind, block in result["sets"].items():
+        lines += ["", f"**{kind} prompts** ({block['prompts']} prompts, mean {block['mean_prompt_tokens']:g} prompt "
+                      f"tokens, {result['machine']['date_utc']})", "", markdown_table(result, kind)]
+    lines += [f"\nskipped {name}: {reason}" for name, reason in result.get("skipped", {}).items()]
+    return "\n".join(lines) + "\n"
+
+
 def figures(result: dict) -> list:
     """The report's plotly figures, in the course style (`viz.style`): speedup, tau, tokens/s per method and set;
     acceptance per draft position."""

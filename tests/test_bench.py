@@ -52,7 +52,7 @@ def run_cli(saved_pair, tmp_path, *extra):
     out = tmp_path / "out"
     main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", "2", "--max-new-tokens", "8",
           "--repeats", "1", "--threads", "1", "--json", str(out / "bench.json"), "--html", str(out / "bench.html"),
-          *extra])
+          "--markdown", str(out / "bench.md"), *extra])
     return json.loads((out / "bench.json").read_text()), out
 
 
@@ -80,7 +80,12 @@ def test_bench_end_to_end_json_has_every_field_for_every_method(saved_pair, tmp_
     assert page.count("<table>") == 2 and page.count("Plotly.newPlot") == 4
     assert re.search(r"<script[^>]*\ssrc=", page) is None  # nothing is fetched from the network
     assert len(page) > 1_000_000  # plotly.js is embedded: the page works offline
-    assert sorted(p.name for p in out.iterdir()) == ["bench.html", "bench.json"]  # no temporary files left
+    markdown = (out / "bench.md").read_text()  # the README's tables: one per set, a row per method, same figures
+    for kind, block in result["sets"].items():
+        assert f"**{kind} prompts** (2 prompts" in markdown
+        for name, row in block["methods"].items():
+            assert f"| {name} | {row['tokens_per_second']:.1f} | {row['speedup']:.2f}x |" in markdown
+    assert sorted(p.name for p in out.iterdir()) == ["bench.html", "bench.json", "bench.md"]  # no temporary files
     printed = capsys.readouterr().out
     assert "hf-assisted" in printed and "meas/pred" in printed
 
