@@ -56,3 +56,23 @@ def test_a_retrained_target_starts_the_draft_afresh(tmp_path, tiny_zoo):
     assert new_state != old_state
     run_stage("draft", zoo / "recipe.json", runs)
     assert len((new_state / "draft" / "log.jsonl").read_text().splitlines()) == 3  # trained all its steps
+
+
+def record_many(zoo, prefix):
+    from specdec_lab.train.zoo import record_result
+
+    for i in range(300):
+        record_result(zoo, f"{prefix}{i}", {"i": i})
+
+
+def test_stages_recording_side_by_side_lose_nothing(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=record_many, args=(tmp_path, prefix)) for prefix in ("draft", "medusa")]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    record = json.loads((tmp_path / "training.json").read_text())
+    assert len(record) == 600  # an unlocked read-modify-write loses some of the other process's sections

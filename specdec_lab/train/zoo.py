@@ -7,6 +7,7 @@ its checkpoint in the work folder and finally writes a fp16 Hugging Face folder 
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import time
 from pathlib import Path
@@ -28,11 +29,15 @@ STAGES = ("tokenizer", "target", "draft")
 def record_result(zoo_dir: Path, stage: str, result: dict) -> None:
     """Merge one stage's figures into `training.json`, which the model card is written from."""
     path = zoo_dir / "training.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[stage] = result
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    # Stages may run side by side (the draft in one process, the heads in another): the lock makes each
+    # read-modify-write whole, so one stage's record never overwrites another's.
+    with open(zoo_dir / ".training.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[stage] = result
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
 
 
 def export_fp16(model: torch.nn.Module, folder: Path) -> None:
