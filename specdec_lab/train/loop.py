@@ -130,5 +130,6 @@ def train(
     median = median_step_seconds(workdir / "log.jsonl")
     return {**state["last_eval"], "steps": state["step"], "hardware": state.get("hardware", hardware()),
             "train_seconds": round(state["seconds"], 1),
-            "compute_seconds": round(median * state["step"], 1) if median is not None else None,
+            # A one-step run has no step-to-step gap: its wall time is all there is.
+            "compute_seconds": round(median * state["step"] if median is not None else state["seconds"], 1),
             "finished": state["step"] >= run.steps}
