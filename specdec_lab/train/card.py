@@ -182,8 +182,7 @@ def phase_acceptance_line(draft: dict) -> list[str]:
     checks = draft.get("acceptance_after_phase")
     if not checks:
         return []
-    phases = [key for key in checks if key not in ("prompts", "k", "max_new_tokens")]
-    figures = ", ".join(f"{checks[phase]:.3f} after training on {phase}" for phase in phases)
+    figures = ", ".join(f"{rate:.3f} after training on {phase}" for phase, rate in checks["phases"].items())
     return [f"- draft greedy acceptance at k = {checks['k']} on the first {checks['prompts']} held-out prompts "
             f"({checks['max_new_tokens']} tokens, fp32 weights, measured by the draft stage): {figures}"]
 

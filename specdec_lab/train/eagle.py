@@ -32,10 +32,10 @@ from transformers import LlamaForCausalLM
 
 from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, additive_mask
 from specdec_lab.train.lm import fixed_eval_batches
-from specdec_lab.train.loop import train
+from specdec_lab.train.loop import hardware, train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
-from specdec_lab.train.zoo import against_target, hardware, record_result, training_data
+from specdec_lab.train.zoo import against_target, record_result, training_data
 
 # Zoo folder and training.json entry of each variant.
 VARIANTS = {"eagle1": "eagle", "eagle3": "eagle3"}

@@ -90,6 +90,7 @@ def train(
         torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, tmp)
         tmp.replace(ckpt_path)  # atomic: a stop mid-write never corrupts the checkpoint
 
+    this_call = hardware()
     started = time.perf_counter()
     seconds_before = state["seconds"]
     log = (workdir / "log.jsonl").open("a")
@@ -105,7 +106,7 @@ def train(
         torch.nn.utils.clip_grad_norm_(params, run.grad_clip)
         optimizer.step()
         state["step"] = step + 1
-        state["hardware"] = hardware()  # what trained, not what a later call that only re-measures runs on
+        state["hardware"] = this_call  # what trained, not what a later call that only re-measures runs on
         state["seconds"] = seconds_before + time.perf_counter() - started
         record = {"step": step + 1, "loss": round(loss.item(), 4), "lr": optimizer.param_groups[0]["lr"],
                   "seconds": round(state["seconds"], 1)}
@@ -128,7 +129,7 @@ def train(
     log.close()
     module.eval()
     median = median_step_seconds(workdir / "log.jsonl")
-    return {**state["last_eval"], "steps": state["step"], "hardware": state.get("hardware", hardware()),
+    return {**state["last_eval"], "steps": state["step"], "hardware": state.get("hardware", this_call),
             "train_seconds": round(state["seconds"], 1),
             # A one-step run has no step-to-step gap: its wall time is all there is.
             "compute_seconds": round(median * state["step"] if median is not None else state["seconds"], 1),

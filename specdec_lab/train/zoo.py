@@ -93,8 +93,12 @@ def tokens_seen(recipe: ZooRecipe, stage: str) -> int:
     return sum(r.steps * r.batch_size * r.seq_len for r in runs if r is not None)
 
 
+# The draft stage's check after each phase: greedy, this many drafted tokens per step and new tokens per prompt.
+PHASE_CHECK_K, PHASE_CHECK_TOKENS = 4, 64
+
+
 def heldout_acceptance(target: LlamaForCausalLM, draft: LlamaForCausalLM, tokenizer, prompts: int,
-                       k: int = 4, max_new_tokens: int = 64) -> float:
+                       k: int = PHASE_CHECK_K, max_new_tokens: int = PHASE_CHECK_TOKENS) -> float:
     """Greedy acceptance rate of `draft` proposing `k` tokens for `target` on the first `prompts` held-out
     prompts (validation files, never trained on), `max_new_tokens` each."""
     import specdec_lab as sd
@@ -137,7 +141,8 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
         if checks:
             acceptance["corpus, then target outputs"] = heldout_acceptance(target, draft, tokenizer, checks)
     if acceptance:
-        result["acceptance_after_phase"] = {"prompts": checks, "k": 4, "max_new_tokens": 64, **acceptance}
+        result["acceptance_after_phase"] = {"prompts": checks, "k": PHASE_CHECK_K,
+                                            "max_new_tokens": PHASE_CHECK_TOKENS, "phases": acceptance}
     return result
 
 
