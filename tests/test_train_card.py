@@ -33,7 +33,6 @@ def test_the_draft_phases_acceptance_is_printed_as_measured(tmp_path):
             "prompts": 100, "k": 4, "max_new_tokens": 64,
             "phases": {"corpus": 0.4912, "corpus, then target outputs": 0.6451}}
 
-
     card = card_for(tmp_path, measured)
     assert "0.491 after training on corpus, 0.645 after training on corpus, then target outputs" in card
     assert "first 100 held-out prompts" in card
