@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from specdec_lab.train.loop import median_step_seconds, train
+from specdec_lab.train.loop import lr_at, median_step_seconds, off_schedule, train
 from specdec_lab.train.recipe import RunConfig
 
 
@@ -28,6 +28,21 @@ def test_steps_repeated_after_a_resume_are_not_read_as_negative_gaps(tmp_path):
     write_log(tmp_path / "log.jsonl", [{"step": step, "seconds": s} for step, s in records])
     # Gaps 2, 2, 3, 3: median 2.5. Reading the 3 -> 3 pair as a 1 s step would give 2.
     assert median_step_seconds(tmp_path / "log.jsonl") == 2.5
+
+
+def test_steps_trained_under_another_schedule_are_found_in_the_log(tmp_path):
+    # 10 steps planned; stopped after step 5, cut to 6 steps and resumed from the step-4 checkpoint (step 5 replayed).
+    planned = RunConfig(steps=10, batch_size=1, seq_len=1, warmup_steps=2)
+    final = RunConfig(steps=6, batch_size=1, seq_len=1, warmup_steps=2)
+    records = [{"step": s, "lr": lr_at(s - 1, planned)} for s in (1, 2, 3, 4, 5)]
+    records += [{"step": s, "lr": lr_at(s - 1, final)} for s in (5, 6)]
+    write_log(tmp_path / "log.jsonl", records)
+    off = off_schedule(tmp_path / "log.jsonl", final)
+    # Steps 1 to 3 get the same rate under both plans (warm-up, then the cosine's start); step 5's replay under the
+    # final schedule is the update that stayed. Only step 4 ran at a rate the final recipe does not give it.
+    assert (off["steps"], off["first_step"], off["last_step"]) == (1, 4, 4)
+    assert off["lr_ratio_min"] == off["lr_ratio_max"] == round(lr_at(3, planned) / lr_at(3, final), 3) > 1
+    assert off_schedule(tmp_path / "log.jsonl", planned)["first_step"] == 5  # judged against the old plan instead
 
 
 def tiny_run(workdir, max_minutes=None):
@@ -53,6 +68,7 @@ def test_a_paused_run_resumes_to_the_same_weights_and_reports_compute_time(tmp_p
     assert torch.equal(resumed.weight, straight.weight)
     median = median_step_seconds(tmp_path / "paused" / "log.jsonl")
     assert result["compute_seconds"] == round(median * 6, 1)
+    assert "off_schedule" not in result
 
 
 def test_a_call_that_only_re_measures_reports_the_hardware_that_trained(tmp_path):

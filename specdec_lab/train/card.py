@@ -187,6 +187,14 @@ def phase_acceptance_line(draft: dict) -> list[str]:
             f"({checks['max_new_tokens']} tokens, fp32 weights, measured by the draft stage): {figures}"]
 
 
+def off_schedule_note(stage: str, off: dict) -> str:
+    """The card's warning that a stage's learning-rate schedule changed while it trained (read from its log)."""
+    return (f"The {stage}'s learning-rate schedule was changed during training: {off['steps']} steps (steps "
+            f"{off['first_step']} to {off['last_step']}) ran at {off['lr_ratio_min']:.2f}x to "
+            f"{off['lr_ratio_max']:.2f}x the rate `recipe.json`'s schedule gives them, so a fresh run of the "
+            "recipe differs from these weights in those steps.")
+
+
 def training_minutes(stage: dict) -> float:
     """A stage's training time in minutes: steps x median step when recorded (pauses excluded), else the
     wall clock of its training calls."""
@@ -293,6 +301,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         *phase_acceptance_line(dft),
     ]
     notes = [note for stage in ("target", "draft") for note in results[stage].get("notes", [])]
+    notes += [off_schedule_note(stage, results[stage]["off_schedule"])
+              for stage in ("target", "draft") if "off_schedule" in results[stage]]
     if notes:
         lines += ["", "Training notes:", ""] + [f"- {note}" for note in notes]
     for section in ("medusa", "eagle", "eagle3"):

@@ -38,6 +38,29 @@ def hardware() -> str:
     return f"CPU: {platform.processor() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}"
 
 
+def read_log(log_path: Path) -> list[dict]:
+    """The records of a run's JSON-lines log, one per step (and more where a resume replayed steps)."""
+    return [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+
+
+def off_schedule(log_path: Path, run: RunConfig) -> dict | None:
+    """Steps whose logged learning rate is not the one `run`'s schedule gives them; None when all match.
+
+    A schedule changed mid-run (the step count cut or extended, then the run resumed) leaves weights trained
+    at learning rates a fresh run of the recipe would not use, and the model card must say so. Of a step
+    logged twice (replayed after a resume), the last record counts: its update is the one that stayed.
+    """
+    logged = {r["step"]: r["lr"] for r in read_log(log_path) if "lr" in r}
+    # The record of step s holds the rate its update used, lr_at(s - 1) (steps count from 0 inside the loop).
+    ratios = {step: lr / lr_at(step - 1, run) for step, lr in logged.items()}
+    off = sorted(step for step, ratio in ratios.items() if not math.isclose(ratio, 1.0, rel_tol=1e-6))
+    if not off:
+        return None
+    return {"steps": len(off), "first_step": off[0], "last_step": off[-1],
+            "lr_ratio_min": round(min(ratios[s] for s in off), 3),
+            "lr_ratio_max": round(max(ratios[s] for s in off), 3)}
+
+
 def median_step_seconds(log_path: Path) -> float | None:
     """The median wall time of one training step, read from a run's JSON-lines log.
 
@@ -45,7 +68,7 @@ def median_step_seconds(log_path: Path) -> float | None:
     laptop), so the total overstates the work; steps x median step time does not. Only pairs of
     consecutive steps count (a resume after a lost checkpoint repeats step numbers).
     """
-    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    records = read_log(log_path)
     gaps = [b["seconds"] - a["seconds"] for a, b in itertools.pairwise(records) if b["step"] == a["step"] + 1]
     return statistics.median(gaps) if gaps else None
 
@@ -129,8 +152,12 @@ def train(
     log.close()
     module.eval()
     median = median_step_seconds(workdir / "log.jsonl")
-    return {**state["last_eval"], "steps": state["step"], "hardware": state.get("hardware", this_call),
-            "train_seconds": round(state["seconds"], 1),
-            # A one-step run has no step-to-step gap: its wall time is all there is.
-            "compute_seconds": round(median * state["step"] if median is not None else state["seconds"], 1),
-            "finished": state["step"] >= run.steps}
+    result = {**state["last_eval"], "steps": state["step"], "hardware": state.get("hardware", this_call),
+              "train_seconds": round(state["seconds"], 1),
+              # A one-step run has no step-to-step gap: its wall time is all there is.
+              "compute_seconds": round(median * state["step"] if median is not None else state["seconds"], 1),
+              "finished": state["step"] >= run.steps}
+    changed = off_schedule(workdir / "log.jsonl", run)
+    if changed:
+        result["off_schedule"] = changed
+    return result
