@@ -45,10 +45,14 @@ def test_the_sample_completions_say_how_they_were_chosen(tmp_path):
 
 def test_a_schedule_changed_mid_run_is_disclosed(tmp_path):
     def cut_then_extended(record):
+        record["target"]["notes"] = ["Why the target's schedule changed."]
         record["target"]["off_schedule"] = {"steps": 3950, "first_step": 51, "last_step": 4000,
                                             "lr_ratio_min": 0.31, "lr_ratio_max": 1.114}
+        record["draft"]["notes"] = ["A draft note."]
 
     card = card_for(tmp_path, cut_then_extended)
-    assert "The target's learning-rate schedule was changed during training: 3950 steps (steps 51 to 4000)" in card
-    assert "0.31x to 1.11x" in card
+    disclosed = "The target's learning-rate schedule was changed during training: 3950 steps (steps 51 to 4000)"
+    assert disclosed in card and "0.31x to 1.11x" in card
+    # It follows the target's own notes, before the draft's.
+    assert card.index("Why the target's schedule changed.") < card.index(disclosed) < card.index("A draft note.")
     assert "schedule was changed" not in card_for(tmp_path, lambda record: None)

@@ -300,9 +300,11 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"ratio {ev['forward_cost_ratio']:.1f}x",
         *phase_acceptance_line(dft),
     ]
-    notes = [note for stage in ("target", "draft") for note in results[stage].get("notes", [])]
-    notes += [off_schedule_note(stage, results[stage]["off_schedule"])
-              for stage in ("target", "draft") if "off_schedule" in results[stage]]
+    notes = []
+    for stage in ("target", "draft"):  # each stage's hand-written notes, then what its log says
+        notes += results[stage].get("notes", [])
+        if "off_schedule" in results[stage]:
+            notes.append(off_schedule_note(stage, results[stage]["off_schedule"]))
     if notes:
         lines += ["", "Training notes:", ""] + [f"- {note}" for note in notes]
     for section in ("medusa", "eagle", "eagle3"):

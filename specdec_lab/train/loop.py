@@ -50,7 +50,7 @@ def off_schedule(log_path: Path, run: RunConfig) -> dict | None:
     at learning rates a fresh run of the recipe would not use, and the model card must say so. Of a step
     logged twice (replayed after a resume), the last record counts: its update is the one that stayed.
     """
-    logged = {r["step"]: r["lr"] for r in read_log(log_path) if "lr" in r}
+    logged = {r["step"]: r["lr"] for r in read_log(log_path)}
     # The record of step s holds the rate its update used, lr_at(s - 1) (steps count from 0 inside the loop).
     ratios = {step: lr / lr_at(step - 1, run) for step, lr in logged.items()}
     off = sorted(step for step, ratio in ratios.items() if not math.isclose(ratio, 1.0, rel_tol=1e-6))
