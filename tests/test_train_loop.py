@@ -81,3 +81,25 @@ def test_a_call_that_only_re_measures_reports_the_hardware_that_trained(tmp_path
     finally:
         torch.set_num_threads(threads)
     assert trained["hardware"].endswith("1 thread") and again["hardware"] == trained["hardware"]
+
+
+def test_select_by_keeps_and_restores_the_best_evaluation(tmp_path):
+    """With `select_by`, the weights of the evaluation that scored best are kept and `load_best` restores them,
+    even when later steps score worse."""
+    from specdec_lab.train.loop import load_best
+
+    torch.manual_seed(0)
+    module = torch.nn.Linear(2, 1)
+    scores = iter([0.2, 0.9, 0.5])
+    snapshots = []
+
+    def evaluate() -> dict:
+        snapshots.append(module.weight.detach().clone())
+        return {"score": next(scores)}
+
+    run = RunConfig(steps=6, warmup_steps=1, eval_every=2, checkpoint_every=2, select_by="score")
+    result = train(module, lambda step: (module(torch.ones(1, 2)) ** 2).sum(), evaluate, run, tmp_path, "t")
+    assert result["best"]["step"] == 4 and result["best"]["score"] == 0.9
+    assert not torch.equal(module.weight, snapshots[1])
+    load_best(module, result, tmp_path)
+    assert torch.equal(module.weight, snapshots[1])

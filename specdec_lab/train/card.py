@@ -6,7 +6,6 @@ so the card can be regenerated at any time: `specdec train card`.
 
 from __future__ import annotations
 
-import ast
 import json
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import tokenize_stream
+from specdec_lab.train.quality import first_statement_parses
 from specdec_lab.train.zoo import record_result
 
 # The fixed validation windows on which the card's loss is measured (and a test re-measures it).
@@ -35,26 +35,6 @@ def validation_loss(model, windows: torch.Tensor) -> float:
     """Mean next-token cross-entropy (nats/token) of `model` on `windows`."""
     logits = model(windows[:, :-1]).logits.float()
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
-
-
-def first_statement_parses(prompt: str, completion: str) -> bool:
-    """Whether the completion's first complete statement or block, appended to the prompt, parses.
-
-    The prompt (a signature and docstring) parses on its own; we add the completion one whole line at a
-    time and accept as soon as prompt + lines parses with at least one non-blank line added.
-    """
-    lines = completion.split("\n")[:-1]  # the last piece may be a cut-off line
-    added = []
-    for line in lines:
-        added.append(line)
-        if not any(part.strip() for part in added):
-            continue
-        try:
-            ast.parse(prompt + "\n".join(added) + "\n")
-            return True
-        except SyntaxError:
-            continue
-    return False
 
 
 @torch.inference_mode()

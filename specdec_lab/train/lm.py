@@ -8,6 +8,7 @@ decoding rewards: acceptance depends on how close q is to p, not on the draft's 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from specdec_lab.train.loop import train
+from specdec_lab.train.loop import train, training_forward
 from specdec_lab.train.recipe import ModelShape, RunConfig
 
 if TYPE_CHECKING:
@@ -73,18 +74,24 @@ def mean_loss(model: LlamaForCausalLM, batches: list[torch.Tensor]) -> float:
 
 
 def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_stream: torch.Tensor,
-                    run: RunConfig, workdir: Path, max_minutes: float | None = None) -> dict:
-    """Next-token pre-training of the target; returns validation loss and perplexity."""
+                    run: RunConfig, workdir: Path, max_minutes: float | None = None,
+                    quality: Callable[[LlamaForCausalLM], dict] | None = None) -> dict:
+    """Next-token pre-training of the target; returns validation loss and perplexity.
+
+    quality: figures measured on the model's own text at each evaluation (e.g. its parse rate), merged into
+    the evaluation, where `run.select_by` can pick the exported weights by one of them.
+    """
     val = fixed_eval_batches(val_stream, run)
+    forward = training_forward(model, run)
 
     def loss_on_batch(step: int) -> torch.Tensor:
         batch = sample_batch(train_stream, run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
-        logits = model(batch[:, :-1]).logits
-        return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        logits = forward(batch[:, :-1]).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
 
     def evaluate() -> dict:
         loss = mean_loss(model, val)
-        return {"val_loss": loss, "val_ppl": math.exp(loss)}
+        return {"val_loss": loss, "val_ppl": math.exp(loss), **(quality(model) if quality else {})}
 
     return train(model, loss_on_batch, evaluate, run, workdir, "target", max_minutes)
 

@@ -61,6 +61,41 @@ def off_schedule(log_path: Path, run: RunConfig) -> dict | None:
             "lr_ratio_max": round(max(ratios[s] for s in off), 3)}
 
 
+def training_forward(module: torch.nn.Module, run: RunConfig) -> Callable:
+    """`module`'s forward as a stage's loss should call it: compiled and under bf16 autocast where `run` asks.
+
+    The module itself stays eager and fp32 (evaluation, generation and export use it as it is); only the
+    training loss goes through the returned callable. Logits come back in bf16 under autocast: take the loss
+    of `.float()` logits.
+    """
+    forward = torch.compile(module) if run.compile else module
+    device_type = next(module.parameters()).device.type
+
+    def call(*args, **kwargs):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=run.bf16):
+            return forward(*args, **kwargs)
+
+    return call
+
+
+def keep_if_best(module: torch.nn.Module, figures: dict, state: dict, run: RunConfig, best_path: Path) -> None:
+    """Save `module`'s weights to `best_path` when this evaluation's `run.select_by` figure beats the best one
+    so far (ties go to the later step: more training, same score); `state["best"]` records which step it was."""
+    score = figures.get(run.select_by) if run.select_by else None
+    if score is None or score < state.get("best", {}).get(run.select_by, -math.inf):
+        return
+    tmp = best_path.with_suffix(".tmp")
+    torch.save(module.state_dict(), tmp)
+    tmp.replace(best_path)
+    state["best"] = {"step": state["step"], **figures}
+
+
+def load_best(module: torch.nn.Module, result: dict, workdir: str | Path) -> None:
+    """Load the weights `keep_if_best` kept into `module`, when the run selected any (see `RunConfig.select_by`)."""
+    if "best" in result:
+        module.load_state_dict(torch.load(Path(workdir) / "best.pt"))
+
+
 def median_step_seconds(log_path: Path) -> float | None:
     """The median wall time of one training step, read from a run's JSON-lines log.
 
@@ -89,7 +124,8 @@ def train(
     workdir: where `checkpoint.pt` and `log.jsonl` live; max_minutes: stop early (checkpointed) after this
     much wall time, to be resumed by the same call. Returns the last evaluation plus timing: `train_seconds`
     (wall time, pauses included), `compute_seconds` (steps x median step time, pauses excluded) and the
-    `hardware` the last step ran on.
+    `hardware` the last step ran on; with `run.select_by`, also `best` (the step and figures of the
+    evaluation whose weights `load_best` restores).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +173,7 @@ def train(
             module.eval()
             with torch.no_grad():
                 state["last_eval"] = evaluate()
+            keep_if_best(module, state["last_eval"], state, run, workdir / "best.pt")
             module.train()
             record.update(state["last_eval"])
         log.write(json.dumps(record) + "\n")
@@ -157,6 +194,8 @@ def train(
               # A one-step run has no step-to-step gap: its wall time is all there is.
               "compute_seconds": round(median * state["step"] if median is not None else state["seconds"], 1),
               "finished": state["step"] >= run.steps}
+    if "best" in state:
+        result["best"] = state["best"]
     changed = off_schedule(workdir / "log.jsonl", run)
     if changed:
         result["off_schedule"] = changed

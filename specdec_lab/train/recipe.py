@@ -38,6 +38,14 @@ class RunConfig:
     eval_every: int = 100
     eval_batches: int = 8
     checkpoint_every: int = 50
+    # Mixed precision: the forward and backward passes under bf16 autocast, weights and optimizer state in
+    # fp32 (about 1.8x faster per step on a CPU with AMX; it runs, slower, on any CPU).
+    bf16: bool = False
+    # torch.compile the training forward (inductor): another ~1.3x here, after a compile of a minute or two.
+    compile: bool = False
+    # An evaluation figure (higher is better) that picks the exported weights: the best evaluation's
+    # weights are kept beside the checkpoint and exported instead of the last step's (None: the last step).
+    select_by: str | None = None
 
 
 @dataclass

@@ -10,6 +10,7 @@ import copy
 import fcntl
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,12 +19,23 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 from specdec_lab.models import folder_digest
 from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
-from specdec_lab.train.loop import hardware
+from specdec_lab.train.loop import hardware, load_best
+from specdec_lab.train.quality import text_quality
 from specdec_lab.train.recipe import ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix, target_output_stream
 from specdec_lab.train.tokenizer import train_tokenizer
 
 STAGES = ("tokenizer", "target", "draft")
+# The model card measures the first this many held-out prompts; weights are selected on the ones after them.
+CARD_PROMPTS = 100
+SELECTION_PROMPTS = 100
+
+
+def selection_quality(tokenizer) -> Callable[[LlamaForCausalLM], dict]:
+    """The target's text quality on held-out prompts that the card does not use (so that picking the best
+    evaluation's weights by it does not flatter the card's figures)."""
+    prompts = heldout_prompts(CARD_PROMPTS + SELECTION_PROMPTS)[CARD_PROMPTS:]
+    return lambda model: {f"selection_{k}": v for k, v in text_quality(model, tokenizer, prompts).items()}
 
 
 def record_result(zoo_dir: Path, stage: str, result: dict) -> None:
@@ -168,7 +180,9 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
         run = recipe.target_run if stage == "target" else recipe.draft_run
         model = build_llama(shape, len(tokenizer), tokenizer.eos_token_id, run.seed)
         if stage == "target":
-            result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes)
+            quality = selection_quality(tokenizer) if run.select_by else None
+            result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes, quality)
+            load_best(model, result, workdir / "target")
         else:
             result = train_draft(recipe, model, zoo_dir, workdir, (train_stream, val_stream), max_minutes)
         if not result["finished"]:
