@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--out", type=Path, required=True, help="folder for grades.csv, feedback/, autograded/")
     grade.add_argument("--timeout", type=int, default=60, help="seconds a single cell may run (default 60)")
     grade.add_argument("--memory-gb", type=float, default=6.0, help="address-space limit per notebook (GiB)")
-    grade.add_argument("--force", action="store_true", help="replace --out if it exists")
+    grade.add_argument("--force", action="store_true",
+                       help="replace --out if it exists, and start over if an interrupted run left a journal")
+    grade.add_argument("--resume", action="store_true",
+                       help="continue an interrupted run into the same --out: students already graded are kept")
     grade.add_argument("--seed", type=int, help="seed of the hidden cases (default: fresh, see grading.log)")
     grade.add_argument("--workers", type=int, default=2, help="sandboxes run at once (default 2)")
     rel = sub.add_parser("release", help="regenerate labs/ from solutions/")
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             limits = pipeline.Limits(cell_timeout=args.timeout, memory_bytes=int(args.memory_gb * (1 << 30)))
             started = time.perf_counter()
             results = pipeline.grade(args.lab, args.submissions, args.out, limits, force=args.force,
-                                     seed=args.seed, workers=args.workers)
+                                     seed=args.seed, workers=args.workers, resume=args.resume)
             seconds = time.perf_counter() - started
             for r in results:
                 print(f"{r.student:>24}  {r.score:5g} / {r.max_score:g}  {r.status}")
@@ -74,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     except (pipeline.GradingError, pipeline.sandbox.SandboxUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.command != "grade":
+            raise
+        print(f"interrupted: the students graded so far are kept in {pipeline.journal_folder(args.out)}; rerun "
+              "the same command with --resume to grade the rest", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
-MAX_NOTEBOOK_BYTES = 20 << 20
+# Saved outputs are discarded (the sandbox makes its own), so they never count against the notebook's size: a
+# correct notebook with a big plotly figure is graded. Only the raw file has a hard cap, against exhausting the
+# grader's memory while parsing it (JSON takes about 4x its size in Python objects, and two notebooks may be read
+# at once); what is kept (sources, metadata) has the real limit.
+MAX_NOTEBOOK_BYTES = 100 << 20  # the raw file, saved outputs included
+MAX_CONTENT_BYTES = 20 << 20  # the notebook as JSON once its saved outputs are dropped
 CELL_TYPES = {"code", "markdown", "raw"}
 
 
@@ -49,13 +55,24 @@ def source_text(source) -> str:
 
 
 def read_cells(path: Path) -> tuple[list[StudentCell], list[str]]:
-    """The cells of the submitted file at `path`, read without trusting its schema; and notes on oddities."""
-    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-        raise Unreadable(f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+    """The cells of the submitted file at `path`, read without trusting its schema and with its saved outputs
+    dropped (they never count against a size limit); and notes on oddities. Raises Unreadable, saying why, for
+    a file that is not a notebook, over MAX_NOTEBOOK_BYTES, or over MAX_CONTENT_BYTES without its outputs."""
+    if not path.is_file():  # a FIFO or a device would block or never end
+        raise Unreadable("the submission is not a regular file")
+    with path.open("rb") as handle:  # at most the cap, whatever size the file claims
+        content = handle.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(content) > MAX_NOTEBOOK_BYTES:
+        raise Unreadable(f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB, the most the grader reads even "
+                         "though saved outputs are discarded; clear its outputs and submit it again")
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(content, object_hook=without_outputs)
     except (ValueError, RecursionError) as error:
         raise Unreadable(f"the file is not valid JSON ({str(error)[:120]})") from None
+    del content  # the parsed notebook, outputs dropped, is all that is kept
+    if json_size(data, MAX_CONTENT_BYTES) > MAX_CONTENT_BYTES:
+        raise Unreadable(f"the notebook is larger than {MAX_CONTENT_BYTES >> 20} MB without its saved outputs (its "
+                         "code, text, attachments and metadata); the limit is for those alone")
     if isinstance(data, dict) and "worksheets" in data:  # nbformat 3: let nbformat convert it
         data = nbformat.convert(nbformat.from_dict(data), 4)
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
@@ -71,6 +88,25 @@ def read_cells(path: Path) -> tuple[list[StudentCell], list[str]]:
         grade_id = nbgrader.get("grade_id") if isinstance(nbgrader.get("grade_id"), str) else None
         cells.append(StudentCell(kind, source_text(raw.get("source", "")), grade_id))
     return cells, notes
+
+
+def without_outputs(obj: dict) -> dict:
+    """json.loads' hook: a cell (any dict with a cell_type) loses its saved outputs as soon as it is parsed, so
+    they are never kept while the rest of the notebook is read."""
+    if "cell_type" in obj:
+        obj.pop("outputs", None)
+    return obj
+
+
+def json_size(data, limit: int) -> int:
+    """The size in bytes of `data` written as JSON (UTF-8), counted in pieces and only until it passes `limit`,
+    so measuring a huge notebook builds no huge string."""
+    size = 0
+    for chunk in json.JSONEncoder(ensure_ascii=False).iterencode(data):
+        size += len(chunk.encode(errors="surrogatepass"))  # a lone surrogate is valid JSON
+        if size > limit:
+            break
+    return size
 
 
 def grade_id(cell) -> str | None:
@@ -150,6 +186,8 @@ def plain_cell(cell: StudentCell) -> nbformat.NotebookNode:
 
 ALLOWED_OUTPUT_DATA = ("text/plain", "image/png")
 MAX_TEXT = 20_000
+# nbconvert writes a PNG's data unescaped into <img src="data:image/png;base64,...">: only base64 text may reach it.
+BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
 
 
 def clean_outputs(outputs) -> list[nbformat.NotebookNode]:
@@ -169,7 +207,8 @@ def clean_outputs(outputs) -> list[nbformat.NotebookNode]:
                                                   evalue=str(output.get("evalue"))[:2000], traceback=trace))
         elif kind in ("execute_result", "display_data") and isinstance(output.get("data"), dict):
             data = {k: source_text(v) for k, v in output["data"].items() if k in ALLOWED_OUTPUT_DATA}
-            data = {k: v[:MAX_TEXT] if k == "text/plain" else v for k, v in data.items() if len(v) < 2_000_000}
+            data = {k: v[:MAX_TEXT] if k == "text/plain" else v for k, v in data.items() if len(v) < 2_000_000
+                    and (k != "image/png" or BASE64.fullmatch(v))}
             if data:
                 cleaned.append(nbformat.v4.new_output("display_data", data=data))
     return cleaned

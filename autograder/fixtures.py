@@ -37,7 +37,8 @@ class LabFixtures:
 
     target_cell: the solution cell the adversarial fixtures attack; target_tests: the test cells that fail when
     that cell defines nothing; reference_import: a cell that imports the course's own implementation instead
-    of writing it; mistakes: the classic mistakes of this lab.
+    of writing it; mistakes: the classic mistakes of this lab; blank_answers: name -> {cell: source}, a blank
+    notebook with only those cells answered, by code that skips the method (it must earn nothing).
     """
 
     target_cell: str
@@ -45,6 +46,7 @@ class LabFixtures:
     reference_import: str
     mistakes: dict[str, Mistake] = field(default_factory=dict)
     honest: dict[str, str | None] = field(default_factory=dict)
+    blank_answers: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,6 +113,12 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
             raise ValueError(f"{lab} mistake {name}: {mistake.old!r} is not in the solution of {mistake.cell}")
         out.append(Fixture(name, solved(release, lab, {mistake.cell: source.replace(mistake.old, mistake.new)}),
                            mistake.lost))
+    for name, cells in spec.blank_answers.items():  # nothing implemented; a few answers made up from the inputs
+        shortcut = nbformat.from_dict(release)
+        for cell in shortcut.cells:
+            if grade_id(cell) in cells and cell.metadata.get("nbgrader", {}).get("solution"):
+                cell.source = cells[grade_id(cell)]
+        out.append(Fixture(name, shortcut, None, kind="attack"))
 
     def attack(name: str, source: str, lost: set[str] | None = None, exact: bool = True) -> None:
         out.append(Fixture(name, solved(release, lab, {target: source}),
@@ -139,6 +147,10 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
            exact=False)  # later exercises that call the lying function fail too
     attack("writes_gradebook", sources.WRITE_GRADEBOOK + blank_stub)
     attack("kills_grader", sources.KILL_GRADER + blank_stub, lost=every, exact=False)
+    attack("forges_channel", sources.FORGE_CHANNEL + blank_stub, exact=False)  # it may spoil its other answers
+    attack("cpu_hogs", sources.CPU_HOGS + target_source, lost=set(), exact=False)  # its own cells slow down
+    attack("disk_filler", sources.DISK_FILLER + target_source, lost=set(), exact=False)
+    attack("huge_shape", sources.HUGE_SHAPE.format(name=target))
     # Broken files and edited lab cells.
     deleted = solved(release, lab, {target: blank_stub})
     deleted.cells = [c for c in deleted.cells if not is_test(c)]
@@ -225,7 +237,13 @@ LABS: dict[str, LabFixtures] = {
                                      {"test_verify", "test_verify_bonus_hidden"}),
             "bonus_wrong_position": Mistake("verify", "torch.multinomial(p[k], 1", "torch.multinomial(p[k - 1], 1",
                                             {"test_verify", "test_verify_bonus_hidden"}),
+            # the shortcut: the counts sampled from p directly, never verified (they still approach p)
+            "histogram_without_verify": Mistake("first_token_histogram",
+                                                "counts[verify(x, p_rows, q[None], generator)[0]] += 1",
+                                                "counts[int(torch.multinomial(p, 1, generator=generator))] += 1",
+                                                {"test_histogram", "test_histogram_hidden"}),
         },
+        blank_answers={"answers_from_inputs": sources.ANSWERS_FROM_INPUTS},
         honest={"process_logits": (
             "def process_logits(logits, temperature, top_k=None):\n"
             "    if temperature == 0:\n"
@@ -337,6 +355,12 @@ LABS: dict[str, LabFixtures] = {
                 "return path, int(torch.multinomial(target if children else p[parents[node] + 1], 1, "
                 "generator=generator))",
                 {"test_verify_sampling", "test_verify_sampling_hidden", "test_verify_sampling_depth_hidden"}),
+            # the shortcut: the first token sampled from p directly, the tree never verified (it still approaches p)
+            "histogram_without_verify": Mistake(
+                "first_token_histogram",
+                "path, token = verify_tree_sampling(children, [-1] * width, p_rows, q_rows, generator)",
+                "path, token = [], int(torch.multinomial(p, 1, generator=generator))",
+                {"test_histogram", "test_histogram_hidden"}),
         },
     ),
     "lab04_eagle": LabFixtures(
@@ -364,6 +388,11 @@ LABS: dict[str, LabFixtures] = {
             "chain_cache_reset": Mistake("eagle_chain", "torch.tensor([n + i]), cache)[0]",
                                          "torch.tensor([n + i]), head.new_cache())[0]",
                                          {"test_chain", "test_chain_hidden", "test_chain_loop"}),
+            # each predicted feature fed one position early: the argmax tokens (visible test) stay, the
+            # probabilities do not
+            "chain_wrong_positions": Mistake("eagle_chain", "torch.tensor([n + i]), cache)[0]",
+                                             "torch.tensor([n + i - 1]), cache)[0]",
+                                             {"test_chain_hidden", "test_chain_loop"}),
             "parents_not_renumbered": Mistake("select_nodes", "[position[parents[node]] if parents[node] != -1 else -1 "
                                               "for node in kept]", "[parents[node] for node in kept]",
                                               {"test_select", "test_select_hidden"}),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 # Prompts end without a trailing newline: the tokenizer merges a newline with the next line's indentation.
 DEMO_PROMPTS = [
@@ -140,6 +141,13 @@ def cmd_train(args) -> None:
     from specdec_lab.models import zoo_path
 
     recipe = args.recipe or str(zoo_path() / "recipe.json")
+    if args.write_carry:
+        from specdec_lab.train.zoo import carry_folder, write_stage_carry
+
+        state = write_stage_carry(recipe, args.workdir, args.stage)
+        print(f"{args.stage}: step {state['step']} carried to {carry_folder(Path(recipe).parent, args.stage)} "
+              "(commit it; the same train command resumes from it on a machine without the checkpoint)")
+        return
     for stage in ALL_STAGES if args.stage == "all" else (args.stage,):
         if not run_train_stage(stage, recipe, args.workdir, args.max_minutes).get("finished", True):
             break  # paused: the same command resumes here
@@ -240,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--workdir", default="runs", help="checkpoints and logs (default: ./runs)")
     train.add_argument("--max-minutes", type=float, default=None,
                        help="pause (checkpointed) after this many minutes; run again to resume")
+    train.add_argument("--write-carry", action="store_true",
+                       help="train nothing: copy the stage's unfinished run (fp16 weights, state, log) into the "
+                            "zoo's carry/ folder, small enough to commit, to resume from on another machine")
     train.set_defaults(func=cmd_train)
 
     bench = sub.add_parser("bench", help="Hugging Face generate vs every method, side by side, on held-out prompts")

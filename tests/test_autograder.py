@@ -25,7 +25,8 @@ LIMITS = pipeline.Limits(cell_timeout=60, memory_bytes=3 << 30, cpu_seconds=300)
 # Attacks that do not depend on the lab run in lab 1's batch only (they take the most time).
 LAB_INDEPENDENT_ATTACKS = {"infinite_loop", "sys_exit", "raise_system_exit", "os_exit", "stdout_flood",
                            "memory_bomb", "fork_bomb", "kills_grader", "reads_solutions", "interpreter_tricks",
-                           "patches_probes", "monkeypatch_module", "writes_gradebook"}
+                           "patches_probes", "monkeypatch_module", "writes_gradebook",
+                           "forges_channel", "cpu_hogs", "disk_filler", "huge_shape"}
 LABS = pipeline.list_labs()
 
 
@@ -67,8 +68,7 @@ def test_reference_passes_its_own_checks_and_a_wrong_answer_fails(lab, monkeypat
     probes = importlib.import_module(f"probes.{lab.split('_')[0]}")
     ref, checks = pipeline.reference(lab), pipeline.lab_checks(lab)
     inputs = pipeline.check_inputs(lab, seed=5, student="solution")
-    answers = {gid: json.loads(json.dumps(getattr(probes, check.probe)(ref, inputs[gid])))
-               for gid, check in checks.items()}
+    answers = {gid: call_here(probes, check, inputs[gid], ref) for gid, check in checks.items()}
     with ThreadPoolExecutor(max_workers=4) as pool:
         verdicts = list(pool.map(lambda gid: (gid, pipeline.judged(checks[gid], inputs[gid], answers[gid], ref)),
                                  [gid for _ in range(2) for gid in checks]))
@@ -78,6 +78,37 @@ def test_reference_passes_its_own_checks_and_a_wrong_answer_fails(lab, monkeypat
         assert not verdict.passed and "NotImplementedError" in verdict.message, gid
         verdict = judge(check, inputs[gid], None, ref)
         assert not verdict.passed and "no answer came back" in verdict.message, gid
+
+
+class LocalChannel:
+    """A served model's channel without a sandbox: its forwards go straight to the trusted side's server."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def request(self, message: dict) -> dict:
+        return json.loads(json.dumps(self.server.forward(message["forward"])))
+
+
+def call_here(probes, check, inputs: dict, ref: dict):
+    """One check's call made in this process on the reference namespace, as the sandbox would make it: without
+    the secret inputs, with the served models answered (and counted) here; the answer as JSON round-trips it."""
+    import specdec_probe
+
+    from autograder.sandbox.session import ModelServer
+
+    server = ModelServer(check.serve(inputs, ref)) if check.serve else None
+    public = {k: v for k, v in inputs.items() if k != "secret"}
+    if server is not None:
+        public["served"] = server.public()
+        specdec_probe.CHANNEL = LocalChannel(server)
+    try:
+        answer = json.loads(json.dumps(getattr(probes, check.probe)(ref, public)))
+    finally:
+        specdec_probe.CHANNEL = None
+    if server is not None:
+        inputs["measured"] = {"forwards": server.log}
+    return answer
 
 
 def test_lab_rules_warn_without_flagging_honest_code():

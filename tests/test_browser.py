@@ -7,7 +7,8 @@ question answered wrong then right shows the matching feedback, and the step-thr
 step shown and re-running shows a busy state; lesson 05's tree view redraws when its step slider moves; a
 lab opened as a student fails its first visible test with the stub's NotImplementedError, passes it once a
 solution is typed in, and nbgrader's Validate button reports; the benchmark's HTML report draws its charts
-with the network off. After every lesson was run and saved, `git status` in the copy is clean.
+with the network off; the grader's feedback page for a submission that puts scripts everywhere runs none of them.
+After every lesson was run and saved, `git status` in the copy is clean.
 Screenshots of each check go to runs/browser-<UTC time>/ (or $SPECDEC_BROWSER_SHOTS).
 """
 
@@ -340,6 +341,43 @@ def test_bench_report_draws_its_charts_offline(browser, llama_factory, tmp_path,
     page.screenshot(path=shots / "bench-report-offline.png", full_page=True)
     context.close()
     assert requests == [], f"the report fetched from the network: {requests}"
+
+
+def test_feedback_page_runs_no_script_from_a_submission(browser, tmp_path, shots):
+    """The feedback page nbgrader made for a submission with scripts, handlers and javascript: links in its
+    markdown, raw cells, code, outputs, grade ids and file name (tests/test_autograder_feedback.py) is opened
+    offline: no alert, no global set, the title unchanged, no frame, and clicking its links runs nothing; the
+    same payload on a bare page does run, so the probe can see a script that ran."""
+    from test_autograder_feedback import HOSTILE_HTML, LAB, hostile_feedback
+
+    feedback = hostile_feedback(tmp_path)["hostile"]
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
+    context.route(re.compile(r"^https?://"), lambda route: route.abort())  # MathJax's CDN: not reachable
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    ran = "() => [typeof window.pwned, String(window.pwned), document.title, window.frames.length]"
+
+    page.set_content(f"<title>bare</title>{HOSTILE_HTML}")
+    page.wait_for_timeout(500)
+    kind, _, title, _ = page.evaluate(ran)
+    assert (kind, title) == ("number", "pwned") and dialogs, "the payload runs on a bare page"
+    dialogs.clear()
+
+    page.goto(feedback.as_uri(), wait_until="load")
+    page.wait_for_timeout(1000)  # onload, onerror and ontoggle handlers would have fired by now
+    assert page.get_by_text("[grader] FAILED (0 points): expected [1, 2], got").first.is_visible()
+    assert page.get_by_text('document.title = "pwned"').first.is_visible(), "the student's markdown, as text"
+    for label in ("md link", "html link", "obfuscated link", "ref link", "files link"):
+        link = page.locator("#notebook-container a", has_text=label).first
+        link.scroll_into_view_if_needed()
+        link.click()
+    page.wait_for_timeout(500)
+    page.screenshot(path=shots / "feedback-hostile-submission.png", full_page=True)
+    assert page.evaluate(ran) == ["undefined", "undefined", LAB, 0], "a script from the submission ran"
+    assert dialogs == [], f"the page opened dialogs: {dialogs}"
+    assert page.url.startswith(feedback.as_uri()), f"a link led away to {page.url}"
+    context.close()
 
 
 def test_running_every_lesson_left_the_copy_clean(course):

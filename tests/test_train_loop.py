@@ -103,3 +103,33 @@ def test_select_by_keeps_and_restores_the_best_evaluation(tmp_path):
     assert not torch.equal(module.weight, snapshots[1])
     load_best(module, result, tmp_path)
     assert torch.equal(module.weight, snapshots[1])
+
+
+def test_a_carry_resumes_an_unfinished_run_on_a_new_machine(tmp_path):
+    """A paused run copied by write_carry (fp16 weights, state, log) resumes in an empty work folder: it starts
+    at the carried step with the carried weights, re-warms the learning rate, and the log says so."""
+    from specdec_lab.train.loop import off_schedule, read_carry, write_carry
+
+    run = RunConfig(steps=8, warmup_steps=2, eval_every=100, checkpoint_every=1, lr=1e-2)
+
+    def fresh() -> torch.nn.Linear:
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 1)
+
+    def loss_of(module):
+        return lambda step: ((module(torch.ones(1, 4)) - 1.0) ** 2).sum()
+
+    first = fresh()
+    train(first, loss_of(first), dict, run, tmp_path / "a", "t", max_minutes=0)  # stops after one step
+    state = write_carry(tmp_path / "a", tmp_path / "carry")
+    assert state["step"] == 1
+    loaded = fresh()
+    (tmp_path / "c").mkdir()
+    assert read_carry(loaded, tmp_path / "carry", tmp_path / "c")["restarted_at"] == 1
+    assert torch.allclose(loaded.weight, first.weight, atol=1e-3) and not torch.equal(loaded.weight, fresh().weight)
+    resumed = fresh()
+    result = train(resumed, loss_of(resumed), dict, run, tmp_path / "b", "t", carry=tmp_path / "carry")
+    assert result["steps"] == 8 and result["finished"]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))
+    assert off_schedule(tmp_path / "b" / "log.jsonl", run)["first_step"] == 2  # the re-warm-up is disclosed

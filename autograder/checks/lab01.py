@@ -1,6 +1,11 @@
 """Checks of lab 1 (speculative sampling). Visible checks repeat the notebook's own cases; hidden ones draw new
 cases from the run's generator and aim at the classic mistakes (p/q swapped, residual not clipped or not
-normalised, the bonus token missing or drawn from the wrong row, a histogram that does not converge to p)."""
+normalised, the bonus token missing or drawn from the wrong row, a histogram that does not converge to p).
+
+No input holds an expected value: every judge computes what is expected from the reference, or tests the
+distribution of what came back. Sampled answers are tested as samples (the bonus token over many calls, with a
+random last row of p), so no answer can be derived from the inputs without the method; the histogram is also run
+with a broken `verify` and must follow it, so a histogram sampled from p without `verify` fails."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from autograder.checks._common import (
     as_ints,
     as_tensor,
     chi_square_pvalue,
+    decode,
     distributions,
     fixed,
     histogram,
@@ -73,22 +79,55 @@ def judge_counts(inputs: dict, answers: list, ref: dict) -> None:
                                  f"expected {expected} accepted, got {got}")
 
 
+def total_variation(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().sum() / 2)
+
+
+def far_apart(rows: int, vocab: int, generator: torch.Generator, gap: float = 0.3) -> torch.Tensor:
+    """`rows` random distributions whose last two are at least `gap` apart in total variation, so that a sample
+    from the wrong one of them is told from the right one with certainty (in practice) by a chi-square test."""
+    while True:
+        drawn = distributions(rows, vocab, generator)
+        if total_variation(drawn[-1], drawn[-2]) >= gap:
+            return drawn
+
+
+BONUS_REPEATS = 400  # calls of verify per bonus case: the bonus token's distribution is tested over them
+
+
 def bonus_cases(generator: torch.Generator, ref: dict) -> dict:
+    """Drafts of k = 1 .. 4 tokens drawn from random q rows, with p equal to q there (so every drafted token is
+    accepted whatever u is) and a random last row p[k]: the bonus token is a sample from p[k], not a value that
+    can be read off the inputs, and p[k] is far from p[k - 1] (the classic wrong row)."""
     cases = []
     for k in range(1, 5):
-        draft = [(i + int(torch.randint(0, 6, (1,), generator=generator))) % 6 + 1 for i in range(k)]
-        rows = torch.nn.functional.one_hot(torch.tensor(draft), 8).float()
-        p = torch.cat([rows, torch.nn.functional.one_hot(torch.tensor([7]), 8).float()])
-        cases.append({"tokens": draft, "p": p.tolist(), "q": rows.tolist(), "seed": k})
+        rows = far_apart(k + 1, 8, generator)
+        q = rows[:k]
+        p = torch.cat([q, rows[-1:]])
+        draft = torch.multinomial(q, 1, generator=generator)[:, 0]
+        cases.append({"tokens": draft.tolist(), "p": p.tolist(), "q": q.tolist(), "n": BONUS_REPEATS,
+                      "seed": int(torch.randint(0, 2**31, (1,), generator=generator))})
     return {"cases": cases}
 
 
 def judge_bonus(inputs: dict, answers: list, ref: dict) -> None:
     for case, answer in zip(inputs["cases"], answers, strict=True):
-        got, k = as_ints(answer), len(case["tokens"])
-        expected = case["tokens"] + [7]
-        require(got == expected, f"a draft of {k} tokens that the target agrees with entirely (p[{k}] puts all its "
-                                 f"mass on token 7): expected {expected}, got {got}")
+        k, draft, bonus_row = len(case["tokens"]), case["tokens"], torch.tensor(case["p"][-1])
+        label = f"a draft {draft} of {k} tokens where p equals q (every token accepted)"
+        emitted = decode(answer)
+        require(isinstance(emitted, list) and len(emitted) == case["n"],
+                f"{label}, verified {case['n']} times: expected {case['n']} results, got {show(emitted)}")
+        bonus = []
+        for got in emitted:
+            got = as_ints(got)
+            require(len(got) == k + 1 and got[:k] == draft, f"{label}: expected the {k} drafted tokens followed by "
+                                                            f"exactly one bonus token, got {got}")
+            bonus.append(got[k])
+        counts = histogram(bonus, len(bonus_row))
+        pvalue = chi_square_pvalue(counts, bonus_row)
+        require(pvalue > P_VALUE, f"{label}: over {case['n']} calls the bonus token is not distributed as p[{k}] = "
+                                  f"{show(bonus_row)} (chi-square p-value {pvalue:.1e}); observed "
+                                  f"{show(counts / case['n'])}")
 
 
 REJECTION_P = [[0.4, 0.3, 0.3, 0.0], [0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 1.0]]
@@ -116,42 +155,63 @@ def judge_rejection(inputs: dict, answer: dict, ref: dict) -> None:
 
 
 def histogram_cases(generator: torch.Generator, ref: dict) -> dict:
-    p, q = distributions(2, 6, generator)
+    """Random p and q over 6 tokens, far apart (so that counts following q are never mistaken for p)."""
+    p, q = far_apart(2, 6, generator)
     return {"cases": [{"p": p.tolist(), "q": q.tolist(), "n": 4000,
                        "seed": int(torch.randint(0, 2**31, (1,), generator=generator))}]}
 
 
-def judge_histogram_shape(inputs: dict, answers: list, ref: dict) -> None:
-    for case, answer in zip(inputs["cases"], answers, strict=True):
-        counts = as_tensor(answer, (len(case["p"]),))
-        require(int(counts.sum()) == case["n"], f"the counts should add up to n = {case['n']}, "
-                                                f"they add up to {show(float(counts.sum()))}")
+def histogram_counts(case: dict, answer, broken: bool) -> torch.Tensor:
+    """The counts (V,) of one histogram run (`broken`: the run with the broken verify), or Fail."""
+    got = decode(answer)
+    require(isinstance(got, dict) and "counts" in got and "broken" in got,
+            f"expected the histogram and the histogram with a broken verify, got {show(got)}")
+    when = " (with verify replaced by one that accepts every drafted token)" if broken else ""
+    counts = as_tensor(got["broken" if broken else "counts"], (len(case["p"]),))
+    require(int(counts.sum()) == case["n"], f"the counts{when} should add up to n = {case['n']}, they add up to "
+                                            f"{show(float(counts.sum()))}")
+    return counts
+
+
+def require_follows_verify(case: dict, answer) -> None:
+    """The run with `verify` replaced by a rule that verifies against q itself (every drafted token accepted)
+    must follow q: the histogram counts what verify emits. A histogram that samples p by itself follows p."""
+    counts, q = histogram_counts(case, answer, broken=True), torch.tensor(case["q"])
+    pvalue = chi_square_pvalue(counts, q)
+    require(pvalue > P_VALUE, f"with verify replaced by a broken one that accepts every drafted token, the first "
+                              f"tokens should follow q = {show(q)}, but your histogram does not change the way it "
+                              f"should (chi-square p-value against q {pvalue:.1e}; observed "
+                              f"{show(counts / case['n'])}): first_token_histogram must count what `verify` "
+                              "emits, not sample p by itself")
 
 
 def judge_histogram(inputs: dict, answers: list, ref: dict) -> None:
-    judge_histogram_shape(inputs, answers, ref)
     for case, answer in zip(inputs["cases"], answers, strict=True):
-        counts, p = as_tensor(answer), torch.tensor(case["p"])
+        counts, p = histogram_counts(case, answer, broken=False), torch.tensor(case["p"])
         pvalue = chi_square_pvalue(counts, p)
         if pvalue <= P_VALUE:
             raise Fail(f"your histogram of n = {case['n']} draws does not match p (chi-square p-value "
                        f"{pvalue:.1e}): p = {show(p)}, observed {show(counts / case['n'])}")
+        require_follows_verify(case, answer)
 
 
-def judge_expected_lists(inputs: dict, answers: list, ref: dict) -> None:
+def judge_verify_visible(inputs: dict, answers: list, ref: dict) -> None:
+    """The visible cases have one possible outcome each; the reference computes it with the same seed."""
     for case, answer in zip(inputs["cases"], answers, strict=True):
+        expected = ref["verify"](torch.tensor(case["tokens"]), torch.tensor(case["p"]), torch.tensor(case["q"]),
+                                 torch.Generator().manual_seed(case["seed"]))
         got = as_ints(answer)
-        require(got == case["expected"], f"verify(draft={case['tokens']}, p={show(case['p'])}, q={show(case['q'])}): "
-                                         f"expected {case['expected']}, got {got}")
+        require(got == expected, f"verify(draft={case['tokens']}, p={show(case['p'])}, q={show(case['q'])}): "
+                                 f"expected {expected}, got {got}")
 
 
 def judge_histogram_visible(inputs: dict, answers: list, ref: dict) -> None:
-    judge_histogram_shape(inputs, answers, ref)
     case = inputs["cases"][0]
-    counts, p = as_tensor(answers[0]), torch.tensor(case["p"])
-    distance = float((counts / case["n"] - p).abs().sum() / 2)
+    counts, p = histogram_counts(case, answers[0], broken=False), torch.tensor(case["p"])
+    distance = total_variation(counts / case["n"], p)
     require(distance < 0.06, f"the histogram should approach p: total variation {distance:.3f} from p (expected "
                              "< 0.06)")
+    require_follows_verify(case, answers[0])
 
 
 LOGITS = [1.0, 3.0, 2.0, 0.5]
@@ -184,20 +244,21 @@ CHECKS = {
         "accepted_count on hand-made and random drafts (ratio p/q, first rejection)"),
     "test_verify": Check(
         "verify", fixed({"cases": [
-            {"tokens": [1], "p": [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]], "q": [[0.5, 0.5, 0.0]], "seed": 0,
-             "expected": [1, 2]},
-            {"tokens": [0], "p": [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], "q": [[1.0, 0.0, 0.0]], "seed": 0,
-             "expected": [1]},
-            {"tokens": [2, 1], "p": ONE_HOT, "q": ONE_HOT[:2], "seed": 0, "expected": [2, 1, 0]}]}),
-        judge_expected_lists, "verify on the visible cases"),
-    "test_verify_bonus_hidden": Check("verify", bonus_cases, judge_bonus,
-                                      "verify when every drafted token is accepted (k = 1 to 4)"),
+            {"tokens": [1], "p": [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]], "q": [[0.5, 0.5, 0.0]], "seed": 0},
+            {"tokens": [0], "p": [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], "q": [[1.0, 0.0, 0.0]], "seed": 0},
+            {"tokens": [2, 1], "p": ONE_HOT, "q": ONE_HOT[:2], "seed": 0}]}),
+        judge_verify_visible, "verify on the visible cases"),
+    "test_verify_bonus_hidden": Check("verify_repeated", bonus_cases, judge_bonus,
+                                      "verify when every drafted token is accepted (k = 1 to 4): the bonus token "
+                                      "is sampled from the last row of p"),
     "test_verify_rejection_hidden": Check(
         "verify_rejection", rejection_inputs, judge_rejection,
         "verify after a rejection, and the distribution of the first emitted token"),
     "test_histogram": Check(
         "first_token_histogram", fixed({"cases": [{"p": VISIBLE_P, "q": VISIBLE_Q, "n": 3000, "seed": 0}]}),
-        judge_histogram_visible, "first_token_histogram on the visible case (3000 draws approach p)"),
+        judge_histogram_visible, "first_token_histogram on the visible case (3000 draws approach p, and follow "
+                                 "verify when verify is broken)"),
     "test_histogram_hidden": Check("first_token_histogram", histogram_cases, judge_histogram,
-                                   "first_token_histogram converges to p (4000 draws, random p and q)"),
+                                   "first_token_histogram converges to p (4000 draws, random p and q), and "
+                                   "follows verify when verify is broken"),
 }

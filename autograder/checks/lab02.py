@@ -42,6 +42,21 @@ def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     return tokens[len(prompt):]
 
 
+def served_pair(inputs: dict, ref: dict) -> dict:
+    """A target of the lab's construction from a seed the sandbox never sees, and a draft identical to it: every
+    drafted token is then accepted, so a real speculative loop emits k + 1 tokens per target forward."""
+    import copy
+
+    target = ref["tiny_llama"](seed=inputs["secret"]["target_seed"], hidden=48, layers=2)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)  # sharp, like the lab's target
+    return {"target": target, "draft": copy.deepcopy(target)}
+
+
+def hidden_target_seed(generator: torch.Generator) -> dict:
+    return {"target_seed": 100_000 + seed_of(generator) % 100_000}
+
+
 def random_context(generator: torch.Generator, length: int = 6) -> list[int]:
     return torch.randint(0, VOCAB, (length,), generator=generator).tolist()
 
@@ -119,10 +134,27 @@ def other_draft(generator: torch.Generator) -> dict:
 
 def step_inputs(generator: torch.Generator, ref: dict) -> dict:
     return {"context": random_context(generator), "temperature": 0.0, "seed": 0, "steps": 8, "k": 3,
-            **other_draft(generator)}
+            **other_draft(generator), "perfect": {"context": random_context(generator), "steps": 3, "k": 3},
+            "secret": hidden_target_seed(generator)}
 
 
 def judge_step_cache(inputs: dict, answer: dict, ref: dict) -> None:
+    judge_cache_run(inputs, answer, ref)
+    perfect, forwards = inputs["perfect"], inputs["measured"]["forwards"]
+    for number, after in enumerate(answer["perfect"], start=1):
+        emitted = as_ints(after)
+        require(len(emitted) == perfect["k"] + 1, f"with a draft identical to the target every drafted token is "
+                                                  f"accepted, so step {number} should emit k + 1 = "
+                                                  f"{perfect['k'] + 1} tokens; it emitted {emitted} (does the step "
+                                                  "draft and verify?)")
+    ran = [f["tokens"] for f in forwards["target"]]
+    require(len(ran) == 1 + perfect["steps"] and len(forwards["draft"]) >= perfect["steps"],
+            f"a prefill and {perfect['steps']} steps should run the target {1 + perfect['steps']} times (one "
+            f"verification forward per step) and draft in every step; the target ran {len(ran)} times (on "
+            f"{ran} tokens), the draft {len(forwards['draft'])} times")
+
+
+def judge_cache_run(inputs: dict, answer: dict, ref: dict) -> None:
     for number, after in enumerate(answer["steps"], start=1):
         length = len(as_ints(after["tokens"]))
         require(after["target_cache"] == length - 1, f"after step {number} the target cache holds "
@@ -158,14 +190,16 @@ def eos_inputs(generator: torch.Generator, ref: dict) -> dict:
     context = random_context(generator)
     reference = greedy_reference(ref["target"], context, 24)
     stop = max(i for i in range(24) if reference[i] not in reference[:i])  # the last first-appearance
-    return {"reference": reference, "stop": stop, "cases": [  # rollback with a rejected draft; EOS mid-step
+    return {"cases": [  # rollback with a rejected draft; EOS mid-step; a served pair that counts forwards
         {"prompt": context, "max_new_tokens": 9, "k": 4, **other_draft(generator)},
-        {"prompt": context, "max_new_tokens": 24, "k": 4, "eos": reference[stop]}]}
+        {"prompt": context, "max_new_tokens": 24, "k": 4, "eos": reference[stop]},
+        {"prompt": random_context(generator), "max_new_tokens": 24, "k": 4, "served": True}],
+        "secret": {"reference": reference, "stop": stop, **hidden_target_seed(generator)}}
 
 
 def judge_eos(inputs: dict, answers: list, ref: dict) -> None:
-    reference, stop = inputs["reference"], inputs["stop"]
-    plain_run, eos_run = (decode(a) for a in answers)
+    reference, stop = inputs["secret"]["reference"], inputs["secret"]["stop"]
+    plain_run, eos_run, served_run = (decode(a) for a in answers)
     require(isinstance(plain_run, list) and len(plain_run) == 2, f"generate should return (tokens, forwards), got "
                                                                  f"{show(plain_run)}")
     new = as_ints(plain_run[0])
@@ -174,16 +208,36 @@ def judge_eos(inputs: dict, answers: list, ref: dict) -> None:
     new = as_ints(eos_run[0])
     require(new == reference[: stop + 1], f"with eos={reference[stop]} the output should stop right after it: "
                                           f"expected {reference[: stop + 1]}, got {new}")
+    judge_served_generate(inputs, inputs["cases"][2], served_run, ref)
+
+
+def judge_served_generate(inputs: dict, case: dict, run, ref: dict) -> None:
+    """On the served pair (a draft identical to a hidden target) the output is the target's greedy decoding,
+    the forwards reported are the forwards the target ran, and they are as few as speculation allows."""
+    require(isinstance(run, list) and len(run) == 2, f"generate should return (tokens, forwards), got {show(run)}")
+    n, k = case["max_new_tokens"], case["k"]
+    target = served_pair(inputs, ref)["target"]
+    new, reported = as_ints(run[0]), as_int(run[1])
+    expected = greedy_reference(target, case["prompt"], n)
+    require(new == expected, f"generate({case['prompt']}, {n}, k={k}) on a new target with a draft identical to it: "
+                             f"expected its greedy tokens {expected}, got {new}")
+    ran = len(inputs["measured"]["forwards"]["target"])
+    require(reported == ran, f"generate reported {reported} target forwards; the target ran {ran} times")
+    fewest = 1 + -(-(n - 1) // (k + 1))  # the prefill, then k + 1 tokens per verification forward
+    require(ran <= fewest + 1, f"with every drafted token accepted, {n} tokens take {fewest} target forwards "
+                               f"(k = {k}); yours took {ran}: does each step verify all k drafted tokens in one "
+                               "forward?")
 
 
 def generate_visible_inputs(generator: torch.Generator, ref: dict) -> dict:
     expected = greedy_reference(ref["target"], PROMPT, 12)
-    return {"expected": expected, "cases": [{"prompt": PROMPT, "max_new_tokens": 12, "k": 3},
-                                            {"prompt": PROMPT, "max_new_tokens": 12, "k": 3, "eos": expected[4]}]}
+    return {"cases": [{"prompt": PROMPT, "max_new_tokens": 12, "k": 3},
+                      {"prompt": PROMPT, "max_new_tokens": 12, "k": 3, "eos": expected[4]}],
+            "secret": {"expected": expected}}
 
 
 def judge_generate_visible(inputs: dict, answers: list, ref: dict) -> None:
-    expected = inputs["expected"]
+    expected = inputs["secret"]["expected"]
     got = decode(answers[0])
     require(isinstance(got, list) and len(got) == 2, f"generate should return (tokens, forwards), got {show(got)}")
     new, forwards = as_ints(got[0]), as_int(got[1])
@@ -236,17 +290,19 @@ CHECKS = {
                                            "draft's q rows at temperature 0.5"),
     "test_step": Check("step", fixed({"context": PROMPT, "temperature": 0.0, "seed": 0, "steps": 3, "k": 3}),
                        judge_step_visible, "speculative_step on the visible case"),
-    "test_step_cache_hidden": Check("step", step_inputs, judge_step_cache,
+    "test_step_cache_hidden": Check("step_checked", step_inputs, judge_step_cache,
                                     "both caches after each of 8 steps with a draft the target often rejects, "
-                                    "and the greedy output"),
+                                    "the greedy output, and one verification forward per step (with a draft "
+                                    "that is always accepted)", serve=served_pair),
     "test_step_lossless_hidden": Check("first_tokens", lossless_inputs, judge_lossless,
                                        "a step samples the target's distribution (temperature 0.5, a different "
                                        "draft model)"),
     "test_generate": Check("generate", generate_visible_inputs, judge_generate_visible,
                            "generate on the visible cases (12 greedy tokens, and an EOS)"),
     "test_generate_eos_hidden": Check("generate", eos_inputs, judge_eos,
-                                      "generate with a draft the target often rejects, and stopping after an "
-                                      "EOS in the middle of a step"),
+                                      "generate with a draft the target often rejects, stopping after an EOS in "
+                                      "the middle of a step, and the target forwards it reports (counted where "
+                                      "the target runs)", serve=served_pair),
     "test_formulas": Check("formulas", fixed({"cases": [{"alpha": 0.5, "k": 3, "c": 0.25},
                                                         {"alpha": 1.0, "k": 4, "c": 0.25}]}),
                            judge_formulas_visible, "the formulas on the visible cases"),

@@ -187,14 +187,16 @@ def mask4d_cases(generator: torch.Generator, ref: dict) -> dict:
     return {"cases": cases}
 
 
-def judge_tree_logits(inputs: dict, answers: list, ref: dict, count_forwards: bool = True) -> None:
-    for case, answer in zip(inputs["cases"], answers, strict=True):
+def judge_tree_logits(inputs: dict, answers: list, ref: dict, served: bool = True) -> None:
+    """Every row equals sequential decoding's logits on the same model; on a served model (hidden weights,
+    forwards counted here), the prefill and ONE forward over the whole tree."""
+    for index, (case, answer) in enumerate(zip(inputs["cases"], answers, strict=True)):
         parents, tokens, context = case["parents"], case["tokens"], case["context"]
         n = len(parents)
-        label = f"tree_logits on tiny_llama({case['seed']}), context {context}, tokens {tokens}, parents {parents}"
+        label = f"tree_logits with context {context}, tokens {tokens}, parents {parents}"
         got = as_tensor(answer["logits"], (n + 1, VOCAB))
         require(bool(torch.isfinite(got).all()), f"{label}: the logits hold NaN or infinite entries")
-        model = ref["tiny_llama"](case["seed"])
+        model = ref["tiny_llama"](model_seed(inputs, index))
         for i in range(-1, n):
             path = [tokens[j] for j in root_path(parents, i)]
             expected = ref["next_token_logits"](model, context + path)
@@ -202,20 +204,33 @@ def judge_tree_logits(inputs: dict, answers: list, ref: dict, count_forwards: bo
             require(gap < 1e-4, f"{label}: row {i + 1} ({'the root' if i < 0 else f'node {i}'}, path {path}) "
                                 f"should equal sequential decoding's logits {show(expected[:3])}..., got "
                                 f"{show(got[i + 1][:3])}... (largest gap {gap:.2g})")
-        if count_forwards:
-            require(answer["forwards"] <= 2, f"{label}: the model ran {answer['forwards']} times; one prefill and "
-                                             "ONE forward over the whole tree is the point of a tree")
+        if served:
+            forwards = inputs["measured"]["forwards"][f"case{index}"]
+            widest = max((f["tokens"] for f in forwards), default=0)
+            require(len(forwards) <= 2 and widest >= n,
+                    f"{label}: the model ran {len(forwards)} times, on {[f['tokens'] for f in forwards]} tokens; "
+                    "one prefill and ONE forward over the whole tree is the point of a tree")
+
+
+def model_seed(inputs: dict, index: int) -> int:
+    """The seed of case `index`'s model: public for the visible case, secret (served) for the hidden ones."""
+    return inputs["secret"]["seeds"][index] if "secret" in inputs else inputs["cases"][index]["seed"]
 
 
 def tree_logits_cases(generator: torch.Generator, ref: dict) -> dict:
-    cases = []
+    cases, seeds = [], []
     for parents in (PARENTS, random_parents(10, generator)):
         context = torch.randint(0, VOCAB, (int(torch.randint(3, 12, (1,), generator=generator)),),
                                 generator=generator).tolist()
-        cases.append({"seed": int(torch.randint(1, 10_000, (1,), generator=generator)), "context": context,
-                      "tokens": torch.randint(0, VOCAB, (len(parents),), generator=generator).tolist(),
-                      "parents": parents})
-    return {"cases": cases}
+        seeds.append(int(torch.randint(1, 10_000, (1,), generator=generator)))
+        cases.append({"context": context, "tokens": torch.randint(0, VOCAB, (len(parents),), generator=generator)
+                      .tolist(), "parents": parents})
+    return {"cases": cases, "secret": {"seeds": seeds}}
+
+
+def serve_tree_models(inputs: dict, ref: dict) -> dict:
+    """One model per hidden case, of the lab's own construction, from a seed the sandbox never sees."""
+    return {f"case{i}": ref["tiny_llama"](seed) for i, seed in enumerate(inputs["secret"]["seeds"])}
 
 
 # --- lossless tree verification under sampling -----------------------------------------------------------
@@ -229,21 +244,36 @@ def sampling_result(answer) -> tuple[list[int], int]:
 
 
 def judge_sampling_cases(inputs: dict, answers: list, ref: dict) -> None:
+    """The fixed cases have one possible outcome each (the target is sure, or rejects every child): the
+    reference computes it here with the case's seed, so the inputs carry no expected path or token."""
     for case, answer in zip(inputs["cases"], answers, strict=True):
         path, token = sampling_result(answer)
-        expected = (case["path"], case["token"])
+        expected_path, expected_token = ref["verify_tree_sampling"](
+            list(case["tokens"]), list(case["parents"]), torch.tensor(case["p"]), torch.tensor(case["q"]),
+            torch.Generator().manual_seed(case["seed"]))
+        expected = (list(expected_path), int(expected_token))
         require((path, token) == expected, f"verify_tree_sampling(tokens={case['tokens']}, parents="
-                                           f"{case['parents']}, seed {case['seed']}): {case['why']}: expected "
-                                           f"({expected[0]}, {expected[1]}), got ({path}, {token})")
+                                           f"{case['parents']}, seed {case['seed']}): {why(case, expected)}: "
+                                           f"expected ({expected[0]}, {expected[1]}), got ({path}, {token})")
+
+
+def why(case: dict, expected: tuple[list[int], int]) -> str:
+    """What makes the outcome of a fixed sampling case certain, for the failure message."""
+    path, token = expected
+    node = path[-1] if path else -1
+    if node not in case["parents"]:  # the walk ended at a leaf: every step was certain, then the bonus token
+        return (f"the target is sure of the path {path} (any sibling before a right child has p = 0 there), then "
+                f"of the bonus token {token}")
+    below = f"below the sure child {case['tokens'][path[-1]]}, " if path else ""
+    slot = path[-1] + 1 if path else 0
+    return (f"{below}p = {show(case['p'][slot])}, q = {show(case['q'][slot])}: both children rejected, and the "
+            f"residual leaves only the correction token {token}")
 
 
 def visible_sampling_cases() -> list[dict]:
     chain = {"tokens": [2, 1], "parents": [-1, 0], "p": [[0.0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]],
-             "q": [[0.25] * 4] * 3, "seed": 0, "path": [0, 1], "token": 3,
-             "why": "a chain [2, 1] the target is sure of: both accepted, then the bonus token 3"}
-    rejected = [{"tokens": [0, 1], "parents": [-1, -1], "p": [SURE_P] * 3, "q": [SURE_Q] * 3, "seed": seed,
-                 "path": [], "token": 3, "why": f"p = {SURE_P}, q = {SURE_Q}: both children rejected, the "
-                                               "correction token comes from the residual [0, 0, 0, 1]"}
+             "q": [[0.25] * 4] * 3, "seed": 0}
+    rejected = [{"tokens": [0, 1], "parents": [-1, -1], "p": [SURE_P] * 3, "q": [SURE_Q] * 3, "seed": seed}
                 for seed in range(20)]
     return [chain] + rejected
 
@@ -265,15 +295,11 @@ def worked_rejection_cases(generator: torch.Generator, vocab: int, below_a_sure_
         if below_a_sure_child:  # node 0 (token perm[4]) is surely accepted; its children are perm[0] and perm[1]
             sure = [1.0 if t == perm[4] else 0.0 for t in range(vocab)]
             tree = {"tokens": [perm[4], perm[0], perm[1]], "parents": [-1, 0, 0], "p": [sure, p, uniform, uniform],
-                    "q": [uniform, q, uniform, uniform], "path": [0]}
-            where = f"below the sure child {perm[4]}, "
+                    "q": [uniform, q, uniform, uniform]}
         else:
-            tree = {"tokens": [perm[0], perm[1]], "parents": [-1, -1], "p": [p] * 3, "q": [q] * 3, "path": []}
-            where = ""
+            tree = {"tokens": [perm[0], perm[1]], "parents": [-1, -1], "p": [p] * 3, "q": [q] * 3}
         seeds = torch.randint(0, 2**31, (10,), generator=generator).tolist()
-        cases += [tree | {"seed": s, "token": perm[3], "why": f"{where}p = {show(p)}, q = {show(q)}: both children "
-                                                              f"rejected, the correction token is always {perm[3]}"}
-                  for s in seeds]
+        cases += [tree | {"seed": s} for s in seeds]
     return cases
 
 
@@ -289,10 +315,7 @@ def sure_chain_case(k: int, generator: torch.Generator, vocab: int) -> dict:
         p_rows[2 * d + 2] = torch.nn.functional.one_hot(torch.tensor(chain[d + 1]), vocab).float()
     return {"tokens": tokens, "parents": parents, "p": p_rows.tolist(),
             "q": torch.full((2 * k + 1, vocab), 1.0 / vocab).tolist(),
-            "seed": int(torch.randint(0, 2**31, (1,), generator=generator)),
-            "path": [2 * d + 1 for d in range(k)], "token": chain[k],
-            "why": f"the target is sure of the chain {chain[:k]} (each right child behind a sibling it gives p = 0), "
-                   f"then of the bonus token {chain[k]}"}
+            "seed": int(torch.randint(0, 2**31, (1,), generator=generator))}
 
 
 def sampled_run(widths: list[int], p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator) -> dict:
@@ -340,29 +363,58 @@ def judge_runs(inputs: dict, answer: dict, ref: dict) -> None:
 
 
 def histogram_cases(generator: torch.Generator, ref: dict) -> dict:
-    p, q = distributions(2, 6, generator, sharpness=1.5)
+    """Random p and q far apart (so that counts that follow q are never mistaken for p), and the worked case."""
+    while True:
+        p, q = distributions(2, 6, generator, sharpness=1.5)
+        if float((p - q).abs().sum() / 2) >= 0.25:
+            break
     seeds = torch.randint(0, 2**31, (2,), generator=generator).tolist()
     return {"cases": [{"p": p.tolist(), "q": q.tolist(), "width": 3, "n": 1000, "seed": seeds[0]},
                       {"p": SURE_P + [0.0, 0.0], "q": SURE_Q + [0.0, 0.0], "width": 2, "n": 1000, "seed": seeds[1]}]}
 
 
+def histogram_counts(case: dict, answer, broken: bool) -> torch.Tensor:
+    """The counts (V,) of one histogram run (`broken`: the run with the broken verify), or Fail."""
+    got = decode(answer)
+    require(isinstance(got, dict) and "counts" in got and "broken" in got,
+            f"expected the histogram and the histogram with a broken verify_tree_sampling, got {show(got)}")
+    when = " (with verify_tree_sampling replaced by one that accepts the first child)" if broken else ""
+    counts = as_tensor(got["broken" if broken else "counts"], (len(case["p"]),))
+    require(int(counts.sum()) == case["n"], f"the counts{when} should add up to n = {case['n']}, they add up to "
+                                            f"{show(float(counts.sum()))}")
+    return counts
+
+
+def require_follows_verify(case: dict, answer) -> None:
+    """The run with verify_tree_sampling replaced by a rule that verifies against q itself (the first child is
+    always accepted) must follow q: the histogram counts what the verification emits. A histogram that samples
+    p by itself follows p there too."""
+    counts, q = histogram_counts(case, answer, broken=True), torch.tensor(case["q"])
+    pvalue = chi_square_pvalue(counts, q)
+    require(pvalue > P_VALUE, f"with verify_tree_sampling replaced by a broken one that always accepts the first "
+                              f"child, the first tokens should follow q = {show(q)}, but your histogram does not "
+                              f"change the way it should (chi-square p-value against q {pvalue:.1e}; observed "
+                              f"{show(counts / case['n'])}): first_token_histogram must count what "
+                              "verify_tree_sampling emits, not sample p by itself")
+
+
 def judge_histogram_known(inputs: dict, answers: list, ref: dict) -> None:
     for case, answer in zip(inputs["cases"], answers, strict=True):
-        counts = as_tensor(answer, (len(case["p"]),))
+        counts = histogram_counts(case, answer, broken=False)
         expected = [float(case["n"]) if x == 1 else 0.0 for x in case["p"]]
         require(counts.tolist() == expected, f"p is one-hot on token {case['p'].index(1.0)}: expected {expected}, "
                                              f"got {show(counts)}")
+        require_follows_verify(case, answer)
 
 
 def judge_histogram(inputs: dict, answers: list, ref: dict) -> None:
     for case, answer in zip(inputs["cases"], answers, strict=True):
-        counts, p = as_tensor(answer, (len(case["p"]),)), torch.tensor(case["p"])
-        require(int(counts.sum()) == case["n"], f"the counts should add up to n = {case['n']}, they add up to "
-                                                f"{show(float(counts.sum()))}")
+        counts, p = histogram_counts(case, answer, broken=False), torch.tensor(case["p"])
         pvalue = chi_square_pvalue(counts, p)
         require(pvalue > P_VALUE, f"first_token_histogram(p={show(p)}, q={show(case['q'])}, width={case['width']}, "
                                   f"n={case['n']}) does not match p (chi-square p-value {pvalue:.1e}): observed "
                                   f"{show(counts / case['n'])}")
+        require_follows_verify(case, answer)
 
 
 CHECKS = {
@@ -392,11 +444,11 @@ CHECKS = {
     "test_tree_logits": Check(
         "tree_logits", fixed({"cases": [{"seed": 0, "context": CONTEXT, "tokens": [20, 21, 22, 23, 24, 25],
                                          "parents": EXAMPLE_PARENTS}]}),
-        lambda inputs, answers, ref: judge_tree_logits(inputs, answers, ref, count_forwards=False),
+        lambda inputs, answers, ref: judge_tree_logits(inputs, answers, ref, served=False),
         "tree_logits on the example tree against sequential decoding"),
-    "test_tree_logits_hidden": Check("tree_logits", tree_logits_cases, judge_tree_logits,
-                                     "tree_logits of new seeded models on random trees against sequential decoding, "
-                                     "in one forward after the prefill"),
+    "test_tree_logits_hidden": Check("tree_logits_served", tree_logits_cases, judge_tree_logits,
+                                     "tree_logits of new models on random trees against sequential decoding, "
+                                     "in one forward after the prefill", serve=serve_tree_models),
     "test_verify_sampling": Check("verify_tree_sampling", fixed({"cases": visible_sampling_cases()}),
                                   judge_visible_sampling, "verify_tree_sampling on the worked examples"),
     "test_verify_sampling_hidden": Check(
@@ -408,7 +460,8 @@ CHECKS = {
         "follows the target's p)"),
     "test_histogram": Check("first_token_histogram", fixed({"cases": [{
         "p": [0.0, 0, 1, 0, 0], "q": [0.3, 0.3, 0.1, 0.2, 0.1], "width": 3, "n": 200, "seed": 0}]}),
-        judge_histogram_known, "first_token_histogram on the one-hot case"),
+        judge_histogram_known, "first_token_histogram on the one-hot case, and with verify_tree_sampling broken"),
     "test_histogram_hidden": Check("first_token_histogram", histogram_cases, judge_histogram,
-                                   "first_token_histogram converges to p (1000 trees each, random and worked p and q)"),
+                                   "first_token_histogram converges to p (1000 trees each, random and worked p and q), "
+                                   "and follows verify_tree_sampling when it is broken"),
 }

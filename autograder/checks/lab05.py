@@ -75,26 +75,65 @@ def judge_jacobi_visible(inputs: dict, answers: list, ref: dict) -> None:
 
 
 def jacobi_cases(generator: torch.Generator, ref: dict) -> dict:
-    # The fixed case changes a single token one forward before its fixed point: a loop that stops once an
-    # iteration changes at most one token reports one forward too few there.
-    cases = [{"prompt": [25, 5, 16, 2, 10, 25, 5, 16], "n": 8}]
+    # The fixed case, on the lab's own target, changes a single token one forward before its fixed point: a loop
+    # that stops once an iteration changes at most one token reports one forward too few there. The others run
+    # on models of the lab's construction from seeds the sandbox never sees. All are served: their forwards are
+    # counted on the trusted side.
+    cases, seeds = [{"prompt": [25, 5, 16, 2, 10, 25, 5, 16], "n": 8}], [0]
     for _ in range(4):
         cases.append({"prompt": tokens_of(generator, randint(generator, 4, 12), VOCAB), "n": randint(generator, 5, 11)})
-    return {"cases": cases}
+        seeds.append(randint(generator, 1, 10_000))
+    return {"cases": cases, "secret": {"seeds": seeds}}
+
+
+def serve_jacobi_models(inputs: dict, ref: dict) -> dict:
+    return {f"case{i}": ref["tiny_llama"](seed) for i, seed in enumerate(inputs["secret"]["seeds"])}
+
+
+@torch.no_grad()
+def greedy_on(model, prompt: list[int], n: int) -> list[int]:
+    """Plain greedy decoding of `model`, without a cache (the trusted side's ground truth)."""
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax()))
+    return tokens[len(prompt):]
+
+
+@torch.no_grad()
+def jacobi_forwards(model, prompt: list[int], n: int) -> int:
+    """Forwards that Jacobi iteration from `n` copies of the last prompt token takes to its fixed point on
+    `model`, the confirming forward included (the lab's definition)."""
+    guesses, forwards = [prompt[-1]] * n, 0
+    while True:
+        logits = model(input_ids=torch.tensor([prompt + guesses])).logits[0]
+        refined = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+        forwards += 1
+        if refined == guesses:
+            return forwards
+        guesses = refined
 
 
 def judge_jacobi(inputs: dict, answers: list, ref: dict) -> None:
-    for case, answer in zip(inputs["cases"], answers, strict=True):
+    for index, (case, answer) in enumerate(zip(inputs["cases"], answers, strict=True)):
         got = pair_of(answer, "jacobi_decode")
         tokens, iterations = as_ints(got[0]), as_int(got[1])
-        expected = ref["greedy"](case["prompt"], case["n"])
-        label = f"jacobi_decode({case['prompt']}, n={case['n']})"
+        model = ref["tiny_llama"](inputs["secret"]["seeds"][index])
+        prompt, n = case["prompt"], case["n"]
+        expected = greedy_on(model, prompt, n)
+        label = f"jacobi_decode({prompt}, n={n}) on {'the lab' if index == 0 else 'a new'} model"
         require(tokens == expected, f"{label}: expected the greedy tokens {expected}, got {tokens} (stopped before "
                                     "the fixed point?)")
-        wanted = ref["jacobi_decode"](case["prompt"], case["n"])[1]
-        require(iterations == wanted, f"{label}: iterating from {case['n']} copies of the last prompt token reaches "
-                                      f"the fixed point in {wanted} forwards (the last one confirms it), you "
-                                      f"reported {iterations}")
+        forwards = inputs["measured"]["forwards"][f"case{index}"]
+        require(iterations == len(forwards), f"{label}: you reported {iterations} forwards, the target ran "
+                                             f"{len(forwards)} times")
+        narrow = [f["past"] + f["tokens"] for f in forwards if f["past"] + f["tokens"] < len(prompt) + n - 1]
+        require(not narrow, f"{label}: a Jacobi iteration scores the whole window of {n} guesses in one forward; "
+                            f"{len(narrow)} of your forwards saw only {sorted(set(narrow))} positions (one token "
+                            "at a time is plain greedy decoding)")
+        wanted = jacobi_forwards(model, prompt, n)
+        require(iterations == wanted, f"{label}: iterating from {n} copies of the last prompt token reaches the "
+                                      f"fixed point in {wanted} forwards (the last one confirms it), yours took "
+                                      f"{iterations}")
 
 
 # ----------------------------------------------------------------------------------------------- window
@@ -330,9 +369,9 @@ CHECKS = {
                                 "the most recent earlier occurrence wins)"),
     "test_jacobi": Check("jacobi_decode", fixed({"cases": [{"prompt": PROMPT, "n": 8}]}), judge_jacobi_visible,
                          "jacobi_decode on the visible case"),
-    "test_jacobi_hidden": Check("jacobi_decode", jacobi_cases, judge_jacobi,
-                                "jacobi_decode on random prompts: the greedy tokens and the forwards to the fixed "
-                                "point"),
+    "test_jacobi_hidden": Check("jacobi_decode_served", jacobi_cases, judge_jacobi,
+                                "jacobi_decode on random prompts and new models: the greedy tokens and the forwards "
+                                "to the fixed point, counted where the model runs", serve=serve_jacobi_models),
     "test_window": Check("advance_window", fixed(window_visible()), judge_window,
                          "advance_window on the visible cases"),
     "test_window_hidden": Check("advance_window", window_cases, judge_window,

@@ -1,28 +1,26 @@
-"""The sandbox runner: executes one student's notebook in bubblewrap, as an unprivileged user, without network.
+"""The sandbox: one student's notebook runs in bubblewrap, as an unprivileged user, without network.
 
-Inside the sandbox the student's kernel sees the system folders (/usr, /etc, ...) and the Python environment,
-read-only, a private working folder holding only the notebook, the runner and the lab's probes
-(sandbox/inside/), and an empty /tmp; nothing else exists there. The repository (solutions/, the checks, this
-code) and any copy of it, the grading folder with the gradebook, the submissions and every home folder are
-absent. Limits: wall time (the whole notebook), per-cell time (the
-runner), address space, CPU seconds, processes (a user id of its own per concurrent sandbox, so a fork bomb
-exhausts only its own quota) and file size. Killing anything inside reaches nothing outside: the sandbox has
-its own process namespace.
+The process inside is the grading host (inside/host.py), driven over two pipes by the trusted side (session.py): it
+runs the notebook's cells, then the checker's calls. It sees the system folders (/usr, /etc, ...) and the Python
+environment, read-only, a private working folder holding only the host, the probe helpers and the lab's probes
+(sandbox/inside/), and an empty /tmp; nothing else exists there. The repository (solutions/, the checks, this code)
+and any copy of it, the grading folder with the gradebook, the submissions and every home folder are absent.
+Limits: wall time (the whole notebook), per-cell time (the runner), address space, CPU seconds, processes (a user
+id of its own per concurrent sandbox, so a fork bomb exhausts only its own quota) and file size. Killing anything
+inside reaches nothing outside: the sandbox has its own process namespace.
 
-Requires `bwrap` (Debian/Ubuntu package `bubblewrap`), `setpriv` and `prlimit` (util-linux), and root, to
-map the sandbox to its own user ids. `available()` says what is missing.
+Requires `bwrap` (Debian/Ubuntu package `bubblewrap`), `setpriv` and `prlimit` (util-linux), and root, to map the
+sandbox to its own user ids. `available()` says what is missing.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 INSIDE = Path(__file__).resolve().parent / "inside"
@@ -32,29 +30,22 @@ MOUNT = "/tmp/lab"  # the private working folder, as the student's code sees it
 
 @dataclass
 class Limits:
-    """Per-submission limits: seconds per cell, seconds for the whole notebook, address space, CPU seconds,
-    processes and threads, and the largest file or output the notebook may write."""
+    """Per-submission limits: seconds per cell, per checker call and for the whole notebook, address space, CPU
+    seconds, processes and threads, and the largest file or output the notebook may write."""
 
     cell_timeout: int = 60
+    call_timeout: int = 60
     notebook_timeout: int = 900
     memory_bytes: int = 6 << 30
     cpu_seconds: int = 900
     processes: int = 256
     file_bytes: int = 64 << 20
     output_chars: int = 1_000_000
-
-
-@dataclass
-class Run:
-    """What came back from one sandbox: its folder (all untrusted content), exit status, wall seconds, and
-    `problem` when the sandbox itself failed (timeout, crash) rather than a cell."""
-
-    folder: Path
-    returncode: int
-    seconds: float
-    problem: str | None = None
-    log: str = ""
-    report: dict = field(default_factory=dict)
+    # Each of the two writable folders (/tmp and the private folder) is a tmpfs of this size; what it holds counts
+    # against the memory limit too.
+    tmp_bytes: int = 256 << 20
+    # CPU cores the sandbox's whole process tree may use (cgroups; where the machine has them).
+    cpus: float = 1.0
 
 
 class SandboxUnavailable(RuntimeError):
@@ -82,12 +73,12 @@ def python_roots() -> list[Path]:
     return sorted(r for r in roots if not any(r.is_relative_to(s) and r != s for s in map(Path, SYSTEM)))
 
 
-def mount_args() -> list[str]:
+def mount_args(tmp_bytes: int = Limits.tmp_bytes) -> list[str]:
     """bwrap arguments for the sandbox's file system: the system folders and the Python environment, read-only,
     and nothing else (no /home, /root, /work, /srv, /var, /mnt: no repository copy, no submissions, no
-    gradebook), plus a private /tmp, /dev and /proc. The private /tmp comes first, so that an environment that
-    lives under /tmp (a CI clone, say) is mounted on top of it rather than hidden by it."""
-    args = ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    gradebook), plus a private /tmp of `tmp_bytes`, /dev and /proc. The private /tmp comes first, so that an
+    environment that lives under /tmp (a CI clone, say) is mounted on top of it rather than hidden by it."""
+    args = ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
     for path in SYSTEM:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -104,44 +95,41 @@ def mount_args() -> list[str]:
 
 
 def environment(limits: Limits) -> dict[str, str]:
-    """The complete environment of the sandboxed runner and kernel (nothing is inherited)."""
+    """The complete environment of the sandboxed host (nothing is inherited)."""
     return {
         "HOME": f"{MOUNT}/home", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-        "PYTHONPATH": f"{MOUNT}/grader", "IPYTHONDIR": f"{MOUNT}/grader/ipython",
+        "PYTHONPATH": f"{MOUNT}/grader", "IPYTHONDIR": f"{MOUNT}/home/.ipython",
         "JUPYTER_RUNTIME_DIR": "/tmp/jupyter-runtime", "JUPYTER_PLATFORM_DIRS": "1",
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg", "TQDM_DISABLE": "1",
         "PYTHONWARNINGS": "ignore", "PYTHONDONTWRITEBYTECODE": "1", "NBGRADER_EXECUTION": "autograde",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LANG": "C.UTF-8",
-        "SPECDEC_GRADER_OUTPUT_CHARS": str(limits.output_chars),
+        # plotly's figures become a mime bundle (no browser is started in the sandbox).
+        "PLOTLY_RENDERER": "plotly_mimetype",
     }
 
 
-def prepare(folder: Path, lab: str, notebook, probes: dict[int, list[dict]], limits: Limits, slot: int) -> None:
-    """Lay out one sandbox's private folder: the notebook, the job, the runner and this lab's probes."""
-    import nbformat
-
+def prepare(folder: Path, lab: str) -> None:
+    """Lay out the files one sandbox reads: the host, the probe helpers and this lab's probes (no notebook and
+    no inputs: the cells and every call's inputs arrive over the pipe). The sandbox sees them read-only."""
     folder.mkdir(parents=True)
-    (folder / "home").mkdir()
     grader = folder / "grader"
     shutil.copytree(INSIDE, grader, ignore=shutil.ignore_patterns("__pycache__"))
-    startup = grader / "ipython" / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    shutil.move(grader / "kernel_startup.py", startup / "00-specdec-grading.py")
     for other in (grader / "probes").glob("lab*.py"):
         if other.stem != lab.split("_")[0]:
             other.unlink()  # only this lab's probes go in
-    nbformat.write(notebook, folder / "notebook.ipynb")
-    job = {"notebook": "notebook.ipynb", "cell_timeout": limits.cell_timeout,
-           "probes": {str(index): plist for index, plist in probes.items()}}
-    (folder / "job.json").write_text(json.dumps(job))
-    uid = FIRST_UID + slot
     for path in [folder, *folder.rglob("*")]:
-        os.chown(path, uid, uid, follow_symlinks=False)
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def command(folder: Path, limits: Limits, slot: int) -> list[str]:
+    """The sandboxed host's command line; the session appends the numbers of the two pipes it passes in.
+
+    The private folder (MOUNT) is a tmpfs of its own size, with the grader's files bound into it read-only:
+    nothing the notebook writes reaches the grader's disk, and nothing is read back from it."""
     uid = str(FIRST_UID + slot)
-    bwrap = ["bwrap", *mount_args(), "--bind", str(folder), MOUNT, "--chdir", MOUNT,
+    private = ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", MOUNT,
+               "--ro-bind", str(folder / "grader"), f"{MOUNT}/grader", "--perms", "1777", "--dir", f"{MOUNT}/home"]
+    bwrap = ["bwrap", *mount_args(limits.tmp_bytes), *private, "--chdir", MOUNT,
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in environment(limits).items():
@@ -150,56 +138,7 @@ def command(folder: Path, limits: Limits, slot: int) -> list[str]:
              f"--nproc={limits.processes}", f"--fsize={limits.file_bytes}", "--core=0"]
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs"]
-    return [*bwrap, "--", *limit, "--", *drop, sys.executable, f"{MOUNT}/grader/runner.py", f"{MOUNT}/job.json"]
-
-
-def run(folder: Path, limits: Limits, slot: int) -> Run:
-    """Run the prepared sandbox in `folder`; never raises for anything the notebook does."""
-    started = time.monotonic()
-    process = subprocess.Popen(command(folder, limits, slot), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    problem = None
-    try:
-        log, _ = process.communicate(timeout=limits.notebook_timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        log, _ = process.communicate()
-        problem = f"the notebook ran past the grader's limit of {limits.notebook_timeout} s and was stopped"
-    text = log.decode(errors="replace")[-4000:]
-    report = read_json(folder, folder / "report.json", 1 << 20)
-    if problem is None and (process.returncode != 0 or not isinstance(report, dict)):
-        problem = (f"the sandbox stopped with exit status {process.returncode} before the notebook finished "
-                   "(a memory, process or CPU limit, or the runner was killed)")
-    return Run(folder, process.returncode, time.monotonic() - started, problem, text,
-               report if isinstance(report, dict) else {})
-
-
-def inside(folder: Path, path: Path) -> bool:
-    """True when `path` is a plain file really inside `folder` (no link leads out of it)."""
-    try:
-        return (not path.is_symlink() and path.is_file()
-                and path.resolve().is_relative_to(folder.resolve()))
-    except OSError:
-        return False
-
-
-def read_text(folder: Path, path: Path, max_bytes: int) -> str | None:
-    """An untrusted file written inside the sandbox: None when missing, too large, or a link out of `folder`."""
-    try:
-        if not inside(folder, path) or path.stat().st_size > max_bytes:
-            return None
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
-def read_json(folder: Path, path: Path, max_bytes: int):
-    """Untrusted JSON from the sandbox (see read_text); None when it does not parse."""
-    text = read_text(folder, path, max_bytes)
-    try:
-        return None if text is None else json.loads(text)
-    except (ValueError, RecursionError):
-        return None
+    return [*bwrap, "--", *limit, "--", *drop, sys.executable, f"{MOUNT}/grader/host.py"]
 
 
 def overhead_seconds(repeats: int = 5) -> float:
@@ -214,10 +153,9 @@ def overhead_seconds(repeats: int = 5) -> float:
 
     with tempfile.TemporaryDirectory(prefix="specdec-overhead-") as tmp:
         folder = Path(tmp) / "sandbox"
-        folder.mkdir()
-        os.chown(folder, FIRST_UID, FIRST_UID)
+        prepare(folder, "lab01")
         inside = command(folder, Limits(), 0)
-        inside[-2:] = ["-c", "import torch"]
+        inside[-1:] = ["-c", "import torch"]
         direct = [sys.executable, "-c", "import torch"]
         gaps = [timed(inside) - timed(direct) for _ in range(repeats)]
     return statistics.median(gaps)

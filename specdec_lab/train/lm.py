@@ -75,11 +75,12 @@ def mean_loss(model: LlamaForCausalLM, batches: list[torch.Tensor]) -> float:
 
 def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_stream: torch.Tensor,
                     run: RunConfig, workdir: Path, max_minutes: float | None = None,
-                    quality: Callable[[LlamaForCausalLM], dict] | None = None) -> dict:
+                    quality: Callable[[LlamaForCausalLM], dict] | None = None, carry: Path | None = None) -> dict:
     """Next-token pre-training of the target; returns validation loss and perplexity.
 
     quality: figures measured on the model's own text at each evaluation (e.g. its parse rate), merged into
-    the evaluation, where `run.select_by` can pick the exported weights by one of them.
+    the evaluation, where `run.select_by` can pick the exported weights by one of them; carry: a committed
+    copy of an unfinished run to resume from on a machine without the checkpoint (see `loop.write_carry`).
     """
     val = fixed_eval_batches(val_stream, run)
     forward = training_forward(model, run)
@@ -93,7 +94,7 @@ def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_str
         loss = mean_loss(model, val)
         return {"val_loss": loss, "val_ppl": math.exp(loss), **(quality(model) if quality else {})}
 
-    return train(model, loss_on_batch, evaluate, run, workdir, "target", max_minutes)
+    return train(model, loss_on_batch, evaluate, run, workdir, "target", max_minutes, carry)
 
 
 def distill_draft(draft: LlamaForCausalLM, target: LlamaForCausalLM, data: TrainingMix,

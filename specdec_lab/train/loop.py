@@ -96,6 +96,48 @@ def load_best(module: torch.nn.Module, result: dict, workdir: str | Path) -> Non
         module.load_state_dict(torch.load(Path(workdir) / "best.pt"))
 
 
+def write_carry(workdir: str | Path, dest: str | Path) -> dict:
+    """Copy an unfinished run into `dest`, small enough to commit: fp16 weights, the loop's state and its log.
+
+    A run longer than a session must not live only on a machine that may not come back. The optimizer's
+    moments (twice the weights in fp32) stay behind: `train` resumes from a carry with fresh moments and a
+    short re-warm-up of the learning rate, which the log records (and `off_schedule` then reports). Returns
+    the state written. The best-so-far weights (`select_by`) are not carried: selection starts again.
+    """
+    from safetensors.torch import save_file
+
+    workdir, dest = Path(workdir), Path(dest)
+    checkpoint = torch.load(workdir / "checkpoint.pt", weights_only=False)
+    dest.mkdir(parents=True, exist_ok=True)
+    weights = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in checkpoint["module"].items()}
+    save_file(weights, str(dest / "weights.safetensors"))
+    state = {k: v for k, v in checkpoint["state"].items() if k != "best"}
+    (dest / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+    (dest / "log.jsonl").write_bytes((workdir / "log.jsonl").read_bytes())
+    return state
+
+
+def read_carry(module: torch.nn.Module, carry: Path, workdir: Path) -> dict:
+    """Load a carry written by `write_carry` into `module` and `workdir`; the loop state to resume from."""
+    from safetensors.torch import load_file
+
+    dtypes = {k: v.dtype for k, v in module.state_dict().items()}
+    weights = load_file(str(carry / "weights.safetensors"))
+    module.load_state_dict({k: v.to(dtypes[k]) for k, v in weights.items()})
+    (workdir / "log.jsonl").write_bytes((carry / "log.jsonl").read_bytes())
+    state = json.loads((carry / "state.json").read_text())
+    state["restarted_at"] = state["step"]
+    return state
+
+
+def restart_ramp(step: int, state: dict, run: RunConfig) -> float:
+    """After a resume from a carry (fresh optimizer moments), the learning rate ramps up again over
+    `run.warmup_steps` steps; 1.0 otherwise."""
+    if "restarted_at" not in state:
+        return 1.0
+    return min(1.0, (step - state["restarted_at"] + 1) / max(1, run.warmup_steps))
+
+
 def median_step_seconds(log_path: Path) -> float | None:
     """The median wall time of one training step, read from a run's JSON-lines log.
 
@@ -116,13 +158,15 @@ def train(
     workdir: str | Path,
     desc: str,
     max_minutes: float | None = None,
+    carry: str | Path | None = None,
 ) -> dict:
     """Optimise the trainable parameters of `module` for `run.steps` steps, resuming from `workdir`.
 
     loss_on_batch: computes the loss of training step `step` (it draws its own batch from the step number,
     so a resumed run sees the same data); evaluate: returns validation figures (a dict, logged);
     workdir: where `checkpoint.pt` and `log.jsonl` live; max_minutes: stop early (checkpointed) after this
-    much wall time, to be resumed by the same call. Returns the last evaluation plus timing: `train_seconds`
+    much wall time, to be resumed by the same call; carry: a folder written by `write_carry`, resumed from
+    when `workdir` has no checkpoint (a new machine). Returns the last evaluation plus timing: `train_seconds`
     (wall time, pauses included), `compute_seconds` (steps x median step time, pauses excluded) and the
     `hardware` the last step ran on; with `run.select_by`, also `best` (the step and figures of the
     evaluation whose weights `load_best` restores).
@@ -143,6 +187,8 @@ def train(
         module.load_state_dict(ckpt["module"])
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
+    elif carry is not None and (Path(carry) / "state.json").exists():
+        state = read_carry(module, Path(carry), workdir)
 
     def save_checkpoint() -> None:
         tmp = ckpt_path.with_suffix(".tmp")
@@ -158,7 +204,7 @@ def train(
     while state["step"] < run.steps:
         step = state["step"]
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, run)
+            group["lr"] = lr_at(step, run) * restart_ramp(step, state, run)
         loss = loss_on_batch(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,20 @@ def selection_quality(tokenizer) -> Callable[[LlamaForCausalLM], dict]:
     evaluation's weights by it does not flatter the card's figures)."""
     prompts = heldout_prompts(CARD_PROMPTS + SELECTION_PROMPTS)[CARD_PROMPTS:]
     return lambda model: {f"selection_{k}": v for k, v in text_quality(model, tokenizer, prompts).items()}
+
+
+def carry_folder(zoo_dir: Path, stage: str) -> Path:
+    """Where an unfinished stage's committed carry lives (`specdec train carry` writes it; see loop.write_carry)."""
+    return zoo_dir / "carry" / stage
+
+
+def write_stage_carry(recipe_path: str | Path, workdir: str | Path, stage: str) -> dict:
+    """Copy the unfinished `stage` of this recipe's run (its checkpoint in `workdir`) into the zoo's carry folder."""
+    from specdec_lab.train.loop import write_carry
+
+    recipe_path = Path(recipe_path)
+    recipe = ZooRecipe.load(recipe_path)
+    return write_carry(Path(workdir) / recipe.name / stage, carry_folder(recipe_path.parent, stage))
 
 
 def record_result(zoo_dir: Path, stage: str, result: dict) -> None:
@@ -181,7 +196,8 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
         model = build_llama(shape, len(tokenizer), tokenizer.eos_token_id, run.seed)
         if stage == "target":
             quality = selection_quality(tokenizer) if run.select_by else None
-            result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes, quality)
+            result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes, quality,
+                                     carry_folder(zoo_dir, stage))
             load_best(model, result, workdir / "target")
         else:
             result = train_draft(recipe, model, zoo_dir, workdir, (train_stream, val_stream), max_minutes)
@@ -189,6 +205,7 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
             print(f"{stage}: paused at step {result['steps']}; run the same command again to resume")
             return result
         export_fp16(model, zoo_dir / stage)
+        shutil.rmtree(carry_folder(zoo_dir, stage), ignore_errors=True)  # the finished stage replaces its carry
         corpus = load_corpus(val_percent=recipe.val_percent, test_folders=recipe.test_folders)
         result.update(parameters=sum(p.numel() for p in model.parameters()), tokens_seen=tokens_seen(recipe, stage),
                       corpus=corpus.describe())

@@ -1,6 +1,13 @@
-"""Probes of lab 1 (speculative sampling). Each returns one plain answer per case; nothing here judges."""
+"""Probes of lab 1 (speculative sampling). Each returns one plain answer per case; nothing here judges.
+
+The histogram probe also runs the student's `first_token_histogram` with the namespace's `verify` swapped for
+a deliberately broken rule (see `verify_replaced`): a histogram that counts what `verify` emits follows the
+broken rule there, one that samples p by itself does not, and the checker tells the two apart."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from specdec_probe import call, get, tensor
@@ -28,6 +35,18 @@ def verify(ns: dict, inputs: dict) -> list:
                  torch.Generator().manual_seed(c["seed"])) for c in inputs["cases"]]
 
 
+def verify_repeated(ns: dict, inputs: dict) -> list:
+    """Each case's draft verified `n` times by the student's `verify` with one generator: every emitted list."""
+    f = get(ns, "verify")
+
+    def repeat(case: dict) -> list:
+        tokens, p, q = tensor(case["tokens"], torch.long), tensor(case["p"]), tensor(case["q"])
+        generator = torch.Generator().manual_seed(case["seed"])
+        return [[int(t) for t in f(tokens.clone(), p.clone(), q.clone(), generator)] for _ in range(case["n"])]
+
+    return [call(repeat, case) for case in inputs["cases"]]
+
+
 def verify_first_tokens(ns: dict, inputs: dict) -> list:
     """One-token drafts sampled from q, verified by the student's `verify`: the first emitted token of each."""
     f = get(ns, "verify")
@@ -41,10 +60,51 @@ def verify_first_tokens(ns: dict, inputs: dict) -> list:
     return firsts
 
 
+def against_q(real: Callable) -> Callable:
+    """`real` (a verify function) made deliberately wrong: it verifies every draft against the draft's own q
+    (the rows of p that q covers are replaced by q), so every drafted token is accepted and the first emitted
+    token follows q, not p. It still returns whatever `real` returns, so the caller's code runs unchanged."""
+    def broken(draft_tokens, p, q, *args, **kwargs):
+        p, q_rows = torch.as_tensor(p), torch.as_tensor(q)
+        q_rows = q_rows[None] if q_rows.dim() == 1 else q_rows
+        return real(draft_tokens, torch.cat([q_rows.to(p.dtype), p[len(q_rows):]]), q, *args, **kwargs)
+
+    return broken
+
+
+@contextmanager
+def verify_replaced(ns: dict, user: Callable, name: str, replacement: Callable) -> Iterator[None]:
+    """While the block runs, `name` is `replacement` in `ns` and in the globals `user` (the student's function
+    that calls it) looks names up in; both are restored afterwards."""
+    scopes = [ns]
+    scope = getattr(user, "__globals__", None)
+    if isinstance(scope, dict) and scope is not ns:
+        scopes.append(scope)
+    missing = object()
+    saved = [(s, s.get(name, missing)) for s in scopes]
+    for s in scopes:
+        s[name] = replacement
+    try:
+        yield
+    finally:
+        for s, value in saved:
+            if value is missing:
+                s.pop(name, None)
+            else:
+                s[name] = value
+
+
 def first_token_histogram(ns: dict, inputs: dict) -> list:
-    f = get(ns, "first_token_histogram")
-    return [call(f, tensor(c["p"]), tensor(c["q"]), c["n"], torch.Generator().manual_seed(c["seed"]))
-            for c in inputs["cases"]]
+    """Per case: the student's counts ("counts"), and their counts when `verify` is broken to accept every
+    drafted token ("broken", same seed): counts that come from verify must then follow q."""
+    f, real = get(ns, "first_token_histogram"), get(ns, "verify")
+    answers = []
+    for c in inputs["cases"]:
+        counts = call(f, tensor(c["p"]), tensor(c["q"]), c["n"], torch.Generator().manual_seed(c["seed"]))
+        with verify_replaced(ns, f, "verify", against_q(real)):
+            broken = call(f, tensor(c["p"]), tensor(c["q"]), c["n"], torch.Generator().manual_seed(c["seed"]))
+        answers.append({"counts": counts, "broken": broken})
+    return answers
 
 
 def verify_rejection(ns: dict, inputs: dict) -> dict:

@@ -4,7 +4,7 @@ tokens, distributions and cache lengths as plain data; nothing here judges."""
 from __future__ import annotations
 
 import torch
-from specdec_probe import call, get, plain
+from specdec_probe import call, get, plain, served
 
 
 def draft(ns: dict, inputs: dict) -> list:
@@ -56,6 +56,29 @@ def step(ns: dict, inputs: dict) -> dict:
     return {"steps": after}
 
 
+def with_served_pair(ns: dict, inputs: dict, work):
+    """`work()` with the lab's `target` and `draft_model` (which `start` reads) pointed at the served pair."""
+    original = ns.get("target"), ns.get("draft_model")
+    ns["target"], ns["draft_model"] = served(inputs, "target"), served(inputs, "draft")
+    try:
+        return work()
+    finally:
+        ns["target"], ns["draft_model"] = original
+
+
+def step_checked(ns: dict, inputs: dict) -> dict:
+    """The cache run of `step`, then a few steps on the served pair: the tokens each step emitted."""
+    start, speculative_step = get(ns, "start"), get(ns, "speculative_step")
+    perfect = inputs["perfect"]
+
+    def run() -> list:
+        dec = start(list(perfect["context"]), 0.0, 0)
+        return [plain(speculative_step(dec, perfect["k"])) for _ in range(perfect["steps"])]
+
+    answer = call(step, ns, inputs)  # {"steps": ...}, or {"error": ...} that the judge reports
+    return {**answer, "perfect": call(with_served_pair, ns, inputs, run)}
+
+
 def first_tokens(ns: dict, inputs: dict) -> dict:
     """The first token of one step after a greedy start, over many seeds, with a draft model that differs from
     the target (a seeded random Llama of the lab's own shape)."""
@@ -76,11 +99,17 @@ def generate(ns: dict, inputs: dict) -> list:
     f, original = get(ns, "generate"), ns.get("draft_model")
     answers = []
     for case in inputs["cases"]:
+        def run(case=case):
+            return call(f, list(case["prompt"]), case["max_new_tokens"], k=case["k"],
+                        **({"eos": case["eos"]} if "eos" in case else {}))
+
+        if case.get("served"):
+            answers.append(with_served_pair(ns, inputs, run))
+            continue
         if "draft_seed" in case:
             ns["draft_model"] = other_draft(ns, case)
         try:
-            answers.append(call(f, list(case["prompt"]), case["max_new_tokens"], k=case["k"],
-                                **({"eos": case["eos"]} if "eos" in case else {})))
+            answers.append(run())
         finally:
             ns["draft_model"] = original
     return answers

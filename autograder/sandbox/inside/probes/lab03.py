@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import torch
-from specdec_probe import call, get, tensor
+from specdec_probe import call, get, served, tensor
 
 
 def tree_attention_mask(ns: dict, inputs: dict) -> list:
@@ -34,21 +37,17 @@ def tree_mask_4d(ns: dict, inputs: dict) -> list:
 
 
 def tree_logits(ns: dict, inputs: dict) -> list:
-    """The student's tree logits on the setup cell's seeded model, and how often the model ran."""
+    """The student's tree logits on the setup's seeded model of each (visible) case."""
     f, build = get(ns, "tree_logits"), get(ns, "tiny_llama")
-    answers = []
-    for c in inputs["cases"]:
-        model = build(c["seed"])
-        forwards = [0]
+    return [{"logits": call(f, build(c["seed"]), list(c["context"]), list(c["tokens"]), list(c["parents"]))}
+            for c in inputs["cases"]]
 
-        def count(module, args, forwards=forwards):
-            forwards[0] += 1
 
-        hook = model.model.layers[0].register_forward_pre_hook(count)
-        logits = call(f, model, list(c["context"]), list(c["tokens"]), list(c["parents"]))
-        hook.remove()
-        answers.append({"logits": logits, "forwards": forwards[0]})
-    return answers
+def tree_logits_served(ns: dict, inputs: dict) -> list:
+    """The student's tree logits on models the trusted side serves (it counts their forwards)."""
+    f = get(ns, "tree_logits")
+    return [{"logits": call(f, served(inputs, f"case{i}"), list(c["context"]), list(c["tokens"]), list(c["parents"]))}
+            for i, c in enumerate(inputs["cases"])]
 
 
 def verify_tree_sampling(ns: dict, inputs: dict) -> list:
@@ -88,7 +87,49 @@ def verify_tree_sampling_runs(ns: dict, inputs: dict) -> dict:
     return {"cases": verify_tree_sampling(ns, inputs), "runs": [call(sampled_runs, ns, r) for r in inputs["runs"]]}
 
 
+def against_q(real: Callable) -> Callable:
+    """`real` (a verify_tree_sampling) made deliberately wrong: it verifies against the draft's own q (the rows
+    of p that q covers are replaced by q), so the first child is always accepted and the first emitted token
+    follows q, not p. It still returns whatever `real` returns, so the caller's code runs unchanged."""
+    def broken(tokens, parents, p, q, *args, **kwargs):
+        p, q_rows = torch.as_tensor(p), torch.as_tensor(q)
+        q_rows = q_rows[None] if q_rows.dim() == 1 else q_rows
+        return real(tokens, parents, torch.cat([q_rows.to(p.dtype), p[len(q_rows):]]), q, *args, **kwargs)
+
+    return broken
+
+
+@contextmanager
+def replaced(ns: dict, user: Callable, name: str, replacement: Callable) -> Iterator[None]:
+    """While the block runs, `name` is `replacement` in `ns` and in the globals `user` (the student's function
+    that calls it) looks names up in; both are restored afterwards."""
+    scopes = [ns]
+    scope = getattr(user, "__globals__", None)
+    if isinstance(scope, dict) and scope is not ns:
+        scopes.append(scope)
+    missing = object()
+    saved = [(s, s.get(name, missing)) for s in scopes]
+    for s in scopes:
+        s[name] = replacement
+    try:
+        yield
+    finally:
+        for s, value in saved:
+            if value is missing:
+                s.pop(name, None)
+            else:
+                s[name] = value
+
+
 def first_token_histogram(ns: dict, inputs: dict) -> list:
-    f = get(ns, "first_token_histogram")
-    return [call(f, tensor(c["p"]), tensor(c["q"]), c["width"], c["n"], torch.Generator().manual_seed(c["seed"]))
-            for c in inputs["cases"]]
+    """Per case: the student's counts ("counts"), and their counts when verify_tree_sampling is broken to accept
+    the first child ("broken", same seed): counts that come from the verification must then follow q."""
+    f, real = get(ns, "first_token_histogram"), get(ns, "verify_tree_sampling")
+    answers = []
+    for c in inputs["cases"]:
+        args = (c["width"], c["n"])
+        counts = call(f, tensor(c["p"]), tensor(c["q"]), *args, torch.Generator().manual_seed(c["seed"]))
+        with replaced(ns, f, "verify_tree_sampling", against_q(real)):
+            broken = call(f, tensor(c["p"]), tensor(c["q"]), *args, torch.Generator().manual_seed(c["seed"]))
+        answers.append({"counts": counts, "broken": broken})
+    return answers

@@ -3,7 +3,7 @@ and returns plain data (tokens, pools, offsets and masks); nothing here judges."
 
 from __future__ import annotations
 
-from specdec_probe import call, get, plain
+from specdec_probe import call, get, plain, served
 
 
 def prompt_lookup(ns: dict, inputs: dict) -> list:
@@ -15,6 +15,19 @@ def prompt_lookup(ns: dict, inputs: dict) -> list:
 def jacobi_decode(ns: dict, inputs: dict) -> list:
     f = get(ns, "jacobi_decode")
     return [call(f, list(c["prompt"]), c["n"]) for c in inputs["cases"]]
+
+
+def jacobi_decode_served(ns: dict, inputs: dict) -> list:
+    """jacobi_decode with the lab's `target` (which its `logits_of` reads) pointed at a served model per case."""
+    f, original = get(ns, "jacobi_decode"), ns.get("target")
+    answers = []
+    try:
+        for i, case in enumerate(inputs["cases"]):
+            ns["target"] = served(inputs, f"case{i}")
+            answers.append(call(f, list(case["prompt"]), case["n"]))
+    finally:
+        ns["target"] = original
+    return answers
 
 
 def advance_window(ns: dict, inputs: dict) -> list:

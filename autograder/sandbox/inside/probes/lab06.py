@@ -1,14 +1,24 @@
-"""Probes of lab 6 (training a drafter). Each returns plain answers; nothing here judges.
+"""Probes of lab 6 (training a drafter). Each returns plain answers; nothing here judges or measures.
 
-The training probes snapshot the target's weights, run the student's training function on a fresh head,
-report how much the target moved and restore it, so a probe never changes what later cells see. Acceptance is
-measured with this module's own greedy chain decode loop (the same as the lab's `eagle_decode`).
+Every probe whose student code uses the setup's `target` first resets it to the setup's weights, which the
+checker sends (a notebook cell that changed the target, such as a training function that did not freeze it,
+then costs only its own check), with its weights requiring gradients as the setup leaves them (freezing it is
+the training function's job), and restores it afterwards. The training probes run the student's training
+function on a fresh head built from the lab's own class and the checker's seed, never on a head the notebook
+left in its namespace (a scratch cell that rebinds `eagle_head` or `medusa_heads` changes nothing), and send
+back what the function returned (the losses) with the raw weights of the head it trained and, when asked, of
+the target after the call. Whether anything was learned, whether the losses belong to those weights and
+whether the target stayed frozen is measured by the checker, outside the sandbox, from these weights.
 """
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
-from specdec_probe import call, get, plain, tensor
+from specdec_probe import call, get, tensor
 
 
 def batch(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,38 +40,62 @@ def medusa_loss(ns: dict, inputs: dict) -> list:
     return [call(f, tensor(c["logits"]), *batch(c)) for c in inputs["cases"]]
 
 
-def trained(ns: dict, train, make_head, case: dict) -> dict:
-    """Train a fresh head with the student's function; the losses and the largest change of a target weight.
-
-    The target is handed over as the setup left it (its weights require gradients: freezing it is the
-    training function's job), and restored afterwards, weights and flags."""
+@contextmanager
+def setup_target(ns: dict, inputs: dict) -> Iterator[torch.nn.Module]:
+    """The notebook's `target` holding the setup's weights (`inputs["target"]`: name -> float32 bytes and shape)
+    while the block runs; afterwards the same weights again and the flags it had."""
     target = get(ns, "target")
-    saved = {name: value.detach().clone() for name, value in target.state_dict().items()}
+    sent = inputs["target"]
+    weights = {}
+    for name in target.state_dict():
+        if name not in sent:
+            raise ValueError(f"the target has a weight {name!r} the setup's target does not have")
+        raw = bytearray(base64.b64decode(sent[name]["b64"]))
+        weights[name] = torch.frombuffer(raw, dtype=torch.float32).reshape(sent[name]["shape"])
     flags = [p.requires_grad for p in target.parameters()]
+    load(target, weights)
     target.requires_grad_(True)
-    head = make_head()
-    losses = call(train, head, *case["args"], **case["kwargs"])
-    change = max(float((value.detach() - saved[name]).abs().max()) for name, value in target.state_dict().items())
+    try:
+        yield target
+    finally:
+        load(target, weights)
+        for parameter, flag in zip(target.parameters(), flags, strict=True):
+            parameter.requires_grad_(flag)
+
+
+def load(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
-        target.load_state_dict(saved)
-    for parameter, flag in zip(target.parameters(), flags, strict=True):
-        parameter.requires_grad_(flag)
-    return {"losses": losses, "target_change": change, "head": head}
+        for name, value in module.state_dict().items():
+            value.copy_(weights[name])
+
+
+def trained(ns: dict, inputs: dict, train, make_head, case: dict) -> tuple[dict, torch.nn.Module]:
+    """The student's `train` run on a fresh head of `make_head()` with the case's keyword arguments: the plain
+    answer (losses returned, the head's raw weights, the target's when the case asks) and the head itself."""
+    with setup_target(ns, inputs) as target:
+        head = make_head()
+        answer = {"losses": call(train, head, **case["kwargs"]), "head": call(head.state_dict)}
+        if case.get("frozen"):
+            answer["target"] = call(target.state_dict)
+    return answer, head
 
 
 def train_medusa(ns: dict, inputs: dict) -> list:
     f, heads = get(ns, "train_medusa"), get(ns, "MedusaHeads")
-    out = []
-    for c in inputs["cases"]:
-        result = trained(ns, f, lambda c=c: heads(num_heads=c["heads"]), c)
-        out.append({"losses": result["losses"], "target_change": result["target_change"]})
-    return out
+    return [trained(ns, inputs, f, lambda c=c: heads(num_heads=c["heads"]), c)[0] for c in inputs["cases"]]
 
 
 def medusa_accuracy_trained(ns: dict, inputs: dict) -> list:
-    """The visible case: the notebook's own trained `medusa_heads` on the sentences sent."""
-    f = get(ns, "medusa_accuracy")
-    return [call(f, get(ns, "medusa_heads"), [list(s) for s in c["sentences"]]) for c in inputs["cases"]]
+    """The visible case: heads trained by the student's `train_medusa` as the answer cell trains `medusa_heads`,
+    then the student's `medusa_accuracy` of them on the sentences sent."""
+    train, heads, accuracy = get(ns, "train_medusa"), get(ns, "MedusaHeads"), get(ns, "medusa_accuracy")
+    out = []
+    for c in inputs["cases"]:
+        answer, head = trained(ns, inputs, train, lambda c=c: heads(num_heads=c["heads"]), c)
+        with setup_target(ns, inputs):
+            answer["accuracy"] = call(accuracy, head, [list(s) for s in c["sentences"]])
+        out.append(answer)
+    return out
 
 
 def medusa_accuracy(ns: dict, inputs: dict) -> list:
@@ -73,7 +107,8 @@ def medusa_accuracy(ns: dict, inputs: dict) -> list:
             for block, (weight, bias) in zip(heads.blocks, c["weights"], strict=True):
                 block.weight.copy_(tensor(weight))
                 block.bias.copy_(tensor(bias))
-        out.append(call(f, heads, [list(s) for s in c["sentences"]]))
+        with setup_target(ns, inputs):
+            out.append(call(f, heads, [list(s) for s in c["sentences"]]))
     return out
 
 
@@ -84,60 +119,14 @@ def eagle_pairs(ns: dict, inputs: dict) -> list:
 
 def eagle_loss(ns: dict, inputs: dict) -> list:
     f, head = get(ns, "eagle_loss"), get(ns, "EagleHead")
-    return [call(f, head(seed=c["seed"]), tensor(c["features"]), *batch(c), w_token=c["w_token"])
-            for c in inputs["cases"]]
-
-
-@torch.no_grad()
-def accepted_per_step(ns: dict, head, prompts: list[list[int]], new_tokens: int, k: int,
-                      layers: tuple[int, ...]) -> float:
-    """Greedy chain decoding with `head`: drafted tokens the target accepted per verification step."""
-    target = get(ns, "target")
-    lm_head = target.lm_head
-    accepted = []
-    for prompt in prompts:
-        tokens = list(prompt)
-        out = target(torch.tensor([tokens]), output_hidden_states=True)
-        hidden, logits = out.hidden_states, out.logits
-        tokens.append(int(logits[0, -1].argmax()))
-        while len(tokens) - len(prompt) < new_tokens:
-            feature = head.fuse(torch.cat([hidden[layer][0, len(tokens) - 2] for layer in layers], dim=-1))
-            draft, token = [], tokens[-1]
-            for _ in range(k):
-                feature = head(feature, torch.tensor(token))
-                token = int(lm_head(feature).argmax())
-                draft.append(token)
-            out = target(torch.tensor([tokens + draft]), output_hidden_states=True)
-            hidden, logits = out.hidden_states, out.logits
-            wanted = logits[0, len(tokens) - 1 :].argmax(-1).tolist()
-            n = 0
-            while n < k and draft[n] == wanted[n]:
-                n += 1
-            tokens += draft[:n] + [wanted[n]]
-            accepted.append(n)
-    return sum(accepted) / len(accepted)
-
-
-def measure(ns: dict, head, case: dict) -> float | dict:
-    try:
-        return accepted_per_step(ns, head, case["prompts"], case["new_tokens"], case["k"], tuple(case["layers"]))
-    except Exception as error:  # a head the decode loop cannot run is an answer to report
-        return {"error": f"{type(error).__name__}: {str(error)[:300]}", "where": "decoding with your head"}
-
-
-def eagle_acceptance(ns: dict, inputs: dict) -> list:
-    """The visible case: the notebook's own trained `eagle_head`, measured here."""
-    return [measure(ns, get(ns, "eagle_head"), c) for c in inputs["cases"]]
+    with setup_target(ns, inputs):
+        return [call(f, head(seed=c["seed"]), tensor(c["features"]), *batch(c), w_token=c["w_token"])
+                for c in inputs["cases"]]
 
 
 def train_eagle(ns: dict, inputs: dict) -> list:
     f, make = get(ns, "train_eagle"), get(ns, "EagleHead")
-    out = []
-    for c in inputs["cases"]:
-        result = trained(ns, f, lambda c=c: make(seed=c["head_seed"]), c)
-        accepted = measure(ns, result["head"], c) if "error" not in result["losses"] else None
-        out.append({"losses": result["losses"], "target_change": result["target_change"], "accepted": accepted})
-    return out
+    return [trained(ns, inputs, f, lambda c=c: make(seed=c["head_seed"]), c)[0] for c in inputs["cases"]]
 
 
 def ttt_losses(ns: dict, inputs: dict) -> list:
@@ -145,15 +134,12 @@ def ttt_losses(ns: dict, inputs: dict) -> list:
     out = []
     for c in inputs["cases"]:
         hidden = tuple(tensor(h) for h in c["hidden"])
-        out.append({"fused": call(fused, hidden),
-                    "losses": call(f, head(inputs=3, seed=c["seed"]), hidden, *batch(c), c["steps"])})
+        with setup_target(ns, inputs):
+            out.append({"fused": call(fused, hidden),
+                        "losses": call(f, head(inputs=3, seed=c["seed"]), hidden, *batch(c), c["steps"])})
     return out
 
 
 def train_eagle3(ns: dict, inputs: dict) -> list:
     f, make = get(ns, "train_eagle3"), get(ns, "EagleHead")
-    out = []
-    for c in inputs["cases"]:
-        result = trained(ns, f, lambda c=c: make(inputs=3, seed=c["head_seed"]), c)
-        out.append(plain({"losses": result["losses"], "target_change": result["target_change"]}))
-    return out
+    return [trained(ns, inputs, f, lambda c=c: make(inputs=3, seed=c["head_seed"]), c)[0] for c in inputs["cases"]]
