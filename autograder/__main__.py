@@ -1,6 +1,7 @@
 """Command line of the autograder (run from the repository root).
 
     python -m autograder grade LAB SUBMISSIONS --out DIR   # folder or LMS zip -> grades.csv, feedback, notebooks
+                                        # [--resume]     # after a crash or Ctrl-C: keep who was graded, do the rest
     python -m autograder release [LAB ...]                 # regenerate labs/ from solutions/ with nbgrader
     python -m autograder fixtures LAB DEST                 # write the simulated submissions of LAB into DEST
     python -m autograder bench LAB --students 40           # time the grading of a simulated class

@@ -8,6 +8,7 @@ and compare. `python -m autograder fixtures LAB DEST` writes them out for inspec
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,27 @@ class Mistake:
 
 
 @dataclass
+class Variant:
+    """The solution with several cells changed; it must lose exactly `lost`. functions: cell -> a definition that
+    replaces the function of the same name in that solution cell (the rest of the cell, such as the code that
+    trains the notebook's own head, is kept); after: cell -> a scratch cell inserted right after that cell."""
+
+    lost: set[str]
+    kind: str = "attack"
+    functions: dict[str, str] = field(default_factory=dict)
+    after: dict[str, str] = field(default_factory=dict)
+
+
+def replace_function(source: str, definition: str) -> str:
+    """`source` with its top-level function named as the one in `definition` replaced by `definition`."""
+    name = ast.parse(definition).body[0].name
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[:start]) + definition + "".join(lines[node.end_lineno:])
+
+
+@dataclass
 class LabFixtures:
     """What the fixtures of one lab need to know (`honest`: alternative correct answers,
     cell -> source; None for the lab's built-in rewrite of the solution).
@@ -38,7 +60,8 @@ class LabFixtures:
     target_cell: the solution cell the adversarial fixtures attack; target_tests: the test cells that fail when
     that cell defines nothing; reference_import: a cell that imports the course's own implementation instead
     of writing it; mistakes: the classic mistakes of this lab; blank_answers: name -> {cell: source}, a blank
-    notebook with only those cells answered, by code that skips the method (it must earn nothing).
+    notebook with only those cells answered, by code that skips the method (it must earn nothing); variants:
+    name -> Variant, the solution with several cells changed (each states exactly what it loses).
     """
 
     target_cell: str
@@ -47,6 +70,7 @@ class LabFixtures:
     mistakes: dict[str, Mistake] = field(default_factory=dict)
     honest: dict[str, str | None] = field(default_factory=dict)
     blank_answers: dict[str, dict[str, str]] = field(default_factory=dict)
+    variants: dict[str, Variant] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,6 +143,13 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
             if grade_id(cell) in cells and cell.metadata.get("nbgrader", {}).get("solution"):
                 cell.source = cells[grade_id(cell)]
         out.append(Fixture(name, shortcut, None, kind="attack"))
+    for name, variant in spec.variants.items():
+        changed = solved(release, lab, {cell: replace_function(solution_source(lab, cell), definition)
+                                        for cell, definition in variant.functions.items()})
+        for cell, scratch in variant.after.items():
+            at = next(i for i, c in enumerate(changed.cells) if grade_id(c) == cell)
+            changed.cells.insert(at + 1, nbformat.v4.new_code_cell(scratch))
+        out.append(Fixture(name, changed, variant.lost, kind=variant.kind))
 
     def attack(name: str, source: str, lost: set[str] | None = None, exact: bool = True) -> None:
         out.append(Fixture(name, solved(release, lab, {target: source}),
@@ -375,16 +406,18 @@ LABS: dict[str, LabFixtures] = {
             "head_without_mask": Mistake("head_forward", "attention_mask=causal_mask(len(tokens), "
                                          "cache.get_seq_length())", "attention_mask=None",
                                          {"test_head", "test_head_hidden", "test_dynamic_tree",
-                                          "test_dynamic_tree_hidden"}),
+                                          "test_dynamic_tree_hidden", "test_tree_loop"}),
+            # every drafted feature at position 0: the drafts' probabilities change (their tokens often not)
             "head_positions_from_zero": Mistake("head_forward", "    position_ids = positions[None]",
                                                 "    position_ids = torch.arange(len(tokens))[None]",
-                                                {"test_head", "test_head_hidden"}),
+                                                {"test_head", "test_head_hidden", "test_chain_hidden",
+                                                 "test_chain_loop", "test_dynamic_tree_hidden", "test_tree_loop"}),
             "feature_token_misaligned": Mistake("eagle_chain", "torch.tensor(tokens[1:]), torch.arange(n)",
                                                 "torch.tensor(tokens[:-1]), torch.arange(n)",
                                                 {"test_chain", "test_chain_hidden", "test_chain_loop"}),
             "chain_feeds_target_feature": Mistake("eagle_chain", "head_forward(head, feature[None]",
                                                   "head_forward(head, features[-1:]",
-                                                  {"test_chain", "test_chain_hidden"}),
+                                                  {"test_chain", "test_chain_hidden", "test_chain_loop"}),
             "chain_cache_reset": Mistake("eagle_chain", "torch.tensor([n + i]), cache)[0]",
                                          "torch.tensor([n + i]), head.new_cache())[0]",
                                          {"test_chain", "test_chain_hidden", "test_chain_loop"}),
@@ -404,7 +437,7 @@ LABS: dict[str, LabFixtures] = {
                                                                               "test_dynamic_tree_hidden"}),
             "tree_ignores_ancestors": Mistake("dynamic_tree", "                while parents[path[0]] != -1:\n"
                                               "                    path.insert(0, parents[path[0]])\n", "",
-                                              {"test_dynamic_tree", "test_dynamic_tree_hidden"}),
+                                              {"test_dynamic_tree", "test_dynamic_tree_hidden", "test_tree_loop"}),
         },
     ),
     "lab06_train_drafter": LabFixtures(
@@ -420,8 +453,9 @@ LABS: dict[str, LabFixtures] = {
                 "medusa_labels",
                 "labels[:, :-shift] = tokens[:, shift:].masked_fill(~(mask[:, shift:] & mask[:, :-shift]), IGNORE)",
                 "labels[:, shift:] = tokens[:, :-shift].masked_fill(~(mask[:, :-shift] & mask[:, shift:]), IGNORE)",
+                # test_medusa_accuracy: its medusa_accuracy (on the wrong labels) misreports the trained heads
                 {"test_medusa_labels", "test_medusa_labels_hidden", "test_medusa_loss_hidden",
-                 "test_train_medusa_hidden", "test_medusa_accuracy_hidden"}),
+                 "test_train_medusa_hidden", "test_medusa_accuracy", "test_medusa_accuracy_hidden"}),
             "loss_on_padding": Mistake("medusa_loss", "labels = medusa_labels(tokens, mask, k)",
                                        "labels = medusa_labels(tokens, torch.ones_like(mask), k)",
                                        {"test_medusa_loss_hidden", "test_train_medusa_hidden"}),
@@ -433,6 +467,14 @@ LABS: dict[str, LabFixtures] = {
                                          "    optimizer = torch.optim.AdamW(head.parameters(), lr=lr)",
                                          "    optimizer = torch.optim.AdamW([*head.parameters(), "
                                          "*target.parameters()], lr=lr)", {"test_train_eagle3_hidden"}),
+            # the same in train_medusa, whose answer cell then moves the notebook's target for every later cell
+            # (the probes reset it); heads trained beside a moving output layer also miss with the real one
+            "medusa_trains_target": Mistake("train_medusa",
+                                            "    target.requires_grad_(False)  # frozen: only the heads learn\n"
+                                            "    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr)",
+                                            "    optimizer = torch.optim.AdamW([*heads.parameters(), "
+                                            "*target.parameters()], lr=lr)",
+                                            {"test_train_medusa_hidden", "test_medusa_accuracy"}),
             "ttt_leaks_true_features": Mistake("ttt_losses", "feature = head(feature[:, : length - s], tokens[:, s:])",
                                                "feature = head(fused[:, s - 1 : length - 1], tokens[:, s:])",
                                                {"test_ttt_hidden", "test_train_eagle3_hidden"}),
@@ -457,6 +499,14 @@ LABS: dict[str, LabFixtures] = {
                 "                nexts.append(int(tokens[b, t + 1]))\n"
                 "                targets.append(features[b, t + 1])\n"
                 "    return torch.stack(inputs), torch.tensor(nexts), torch.stack(targets)\n"),
+        },
+        variants={
+            # made-up falling curves (the first loss honest) without one optimizer step: every training check
+            "trains_nothing": Variant({"test_train_medusa", "test_train_medusa_hidden", "test_medusa_accuracy",
+                                       "test_train_eagle", "test_train_eagle_hidden", "test_train_eagle3",
+                                       "test_train_eagle3_hidden"}, functions=sources.FAKE_TRAINING),
+            # an experiment after the answer that rebinds the trained heads' names: nothing
+            "rebinds_trained_heads": Variant(set(), kind="honest", after={"train_eagle": sources.REBIND_HEADS}),
         },
     ),
     "lab05_lookahead": LabFixtures(

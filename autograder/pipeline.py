@@ -11,7 +11,21 @@ For each submission, on its own (one failure never touches another student):
      (checks/); hidden cases are drawn fresh for every run and student;
   4. record (trusted): scores into nbgrader's gradebook; feedback pages by nbgrader (gradebook.py).
 
-Outputs in `--out`, written all at once at the end (a failed run leaves nothing half-written):
+Intake never stops a class (student_id, find_submissions, unpack): every file or folder name maps to a stable,
+filesystem-safe id (Moodle "Jane Doe_12345_assignsubmission_file_" -> "Jane-Doe-12345", Canvas
+"doe_jane_12345_67890_lab01.ipynb" -> "doe-jane-12345", other files "<student>_<anything>.ipynb" -> "<student>";
+Unicode letters kept after NFKC normalisation, anything else "-", a name with no letters "student-<hash>", ids
+that would clash get a hash appended). Several uploads of one student: the latest (modification time; a zip's
+entry dates are kept) is graded. A student folder of several notebooks: the one named for the lab, else the
+latest; Jupyter's "-Copy1" and "Untitled" only when nothing else is there. Hidden files are never graded and are
+listed; __MACOSX, .ipynb_checkpoints, .DS_Store and "._x" are ignored. Each of these is a note on the student's
+row; a student with nothing gradable gets a row "needs review". Only the instructor's own mistakes stop a run:
+an unknown lab, a source that is missing or neither a folder nor a zip, a non-empty --out without --force.
+
+Each student's result is journaled the moment it is graded (journal_folder: ".<out>.grading" beside --out), so
+a crash or kill loses no student already graded and `--resume` grades only the rest; the notebooks wait on disk,
+not in memory. The outputs in `--out` are placed at the end, by one rename (a failed run leaves nothing
+half-written there):
 
     grades.csv                     one row per student: score, max score, status, notes
     scores.json                    the same with every test cell's score and the checker's message
@@ -308,10 +322,12 @@ def submission(student: str, root: Path, found: Found) -> Submission:
         return Submission(student, None, [*notes, "needs review: no notebook to grade was found for this student"])
     best = max(found.uploads, key=lambda path: (modified(path), copy_number(path.name), path.name))
     if len(found.uploads) > 1:
-        others = [f"{p.relative_to(root).as_posix()} ({stamp(p)})" for p in found.uploads if p != best]
+        others = [p for p in found.uploads if p != best]
+        ignored = ", ".join(f"{shown([p.relative_to(root).as_posix()])} ({stamp(p)})" for p in others[:MAX_LISTED])
+        ignored += f" and {len(others) - MAX_LISTED} more" if len(others) > MAX_LISTED else ""
         notes.insert(0, f"{len(found.uploads)} uploads for this student: graded "
                         f"{shown([best.relative_to(root).as_posix()])} (the latest, modified {stamp(best)}); "
-                        f"ignored: {shown(others)}")
+                        f"ignored: {ignored}")
     return Submission(student, best, notes)
 
 

@@ -216,6 +216,15 @@ def test_only_the_instructors_mistakes_stop_intake(tmp_path):
         pipeline.find_submissions(tmp_path / "empty", LAB)
 
 
+def quick_course(workdir: Path, lab: str) -> Path:
+    """A course folder holding only the committed release: enough to grade with a fake grade_one, without
+    nbgrader's seconds of generate_assignment (the finishing step needs the real one)."""
+    release = workdir / "course" / "release" / lab / f"{lab}.ipynb"
+    release.parent.mkdir(parents=True)
+    release.write_bytes((pipeline.LABS / lab / f"{lab}.ipynb").read_bytes())
+    return workdir / "course"
+
+
 class Crash(BaseException):
     """The grader dying mid-class (not an Exception: safe_grade_one would confine one to its student)."""
 
@@ -245,8 +254,10 @@ def test_the_journal_keeps_graded_students_across_a_crash_and_a_rerun_finishes(t
 
     monkeypatch.setattr(pipeline.sandbox, "available", lambda: None)
     monkeypatch.setattr(pipeline, "grade_one", lambda job, sub: fake_grade_one(job, sub, crash_at=2))
-    with pytest.raises(Crash):
-        pipeline.grade(LAB, submissions, out, seed=11, workers=1)
+    with monkeypatch.context() as quick:
+        quick.setattr(pipeline.gradebook, "make_course", quick_course)
+        with pytest.raises(Crash):
+            pipeline.grade(LAB, submissions, out, seed=11, workers=1)
     assert graded == ["ana", "bob"] and not out.exists()
     kept = {p.stem: json.loads(p.read_text()) for p in (journal / "students").glob("*.json")}
     assert set(kept) == {"Eve-9", "ana", "bob"}, "everyone graded before the crash is on disk"
@@ -291,6 +302,7 @@ def test_a_changed_file_is_graded_again_on_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline.sandbox, "available", lambda: None)
     monkeypatch.setattr(pipeline, "grade_one", fake_grade_one)
     monkeypatch.setattr(pipeline, "finish", lambda *args: None)  # nbgrader's part is tested above
+    monkeypatch.setattr(pipeline.gradebook, "make_course", quick_course)
     with pytest.raises(Crash):
         pipeline.grade(LAB, submissions, out, workers=1)
     put(submissions / "ana_lab01.ipynb", time.time(), notebook_text("fixed"))

@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from autograder import fixture_sources, fixtures, pipeline
+from autograder import fixtures, pipeline
 from autograder.checks._common import judge
 
 LAB = "lab06_train_drafter"
@@ -47,11 +47,15 @@ def definitions(source: str) -> str:
     return "\n\n".join(ast.unparse(node) for node in keep)
 
 
-def variant(ref: dict, sources: list[str]) -> dict:
-    """A copy of the reference namespace with `sources` executed in it (their functions see the copy)."""
+def variant(ref: dict, overrides: dict[str, str] | None = None) -> dict:
+    """A copy of the reference namespace in which every answer cell's definitions run again (the solution's, or
+    `overrides`: cell -> source), so that each function sees the copy and the rewritten functions."""
     ns = dict(ref)
-    for source in sources:
-        exec(compile(definitions(source), "<variant>", "exec"), ns)  # noqa: S102 - our own test code
+    cells = [fixtures.grade_id(c) for c in fixtures.solution_notebook(LAB).cells
+             if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
+    for cell in cells:
+        source = (overrides or {}).get(cell) or fixtures.solution_source(LAB, cell)
+        exec(compile(definitions(source), f"<variant {cell}>", "exec"), ns)  # noqa: S102 - our own test code
     return ns
 
 
@@ -87,26 +91,39 @@ def test_reference_passes_every_check_and_the_judging_is_quick(lab):
 
 
 def test_made_up_curve_without_training_fails_every_training_check(lab):
-    ns = variant(lab["ref"], list(fixture_sources.FAKE_TRAINING.values()))
-    verdicts = grade(lab, ns)
+    fake = fixtures.LABS[LAB].variants["trains_nothing"]
+    assert fake.lost == TRAINING
+    changed = {cell: fixtures.replace_function(fixtures.solution_source(LAB, cell), definition)
+               for cell, definition in fake.functions.items()}
+    verdicts = grade(lab, variant(lab["ref"], changed))
     assert {gid for gid, message in verdicts.items() if message} == TRAINING, verdicts
     assert "measured your trained weights" in verdicts["test_train_eagle"]
     assert "should come from the training that produced these weights" in verdicts["test_train_medusa_hidden"]
     assert "held-out sentences" in verdicts["test_train_medusa"]
 
 
+def mistake_source(name: str) -> dict[str, str]:
+    mistake = fixtures.LABS[LAB].mistakes[name]
+    return {mistake.cell: fixtures.solution_source(LAB, mistake.cell).replace(mistake.old, mistake.new)}
+
+
 def test_training_the_target_fails_the_frozen_check_only(lab):
     ref = lab["ref"]
     before = target_state(ref)
-    unfrozen = fixtures.solution_source(LAB, "train_medusa").replace(
-        "    target.requires_grad_(False)  # frozen: only the heads learn\n", "").replace(
-        "AdamW(heads.parameters(), lr=lr)", "AdamW([*heads.parameters(), *target.parameters()], lr=lr)")
-    assert "target.parameters()" in unfrozen
-    verdicts = grade(lab, variant(ref, [unfrozen]))
-    assert {gid for gid, message in verdicts.items() if message} == {"test_train_medusa_hidden"}, verdicts
-    assert "changed the target's weights" in verdicts["test_train_medusa_hidden"]
+    verdicts = grade(lab, variant(ref, mistake_source("target_not_frozen")))
+    assert {gid for gid, message in verdicts.items() if message} == {"test_train_eagle3_hidden"}, verdicts
+    assert "changed the target's weights" in verdicts["test_train_eagle3_hidden"]
     after = target_state(ref)
     assert all(torch.equal(before[name], after[name]) for name in before), "the probes restore the target"
+
+
+@pytest.mark.parametrize("name", sorted(fixtures.LABS[LAB].mistakes))
+def test_each_classic_mistake_loses_exactly_its_tests(lab, name):
+    """The fixtures' promises, checked here without a sandbox (the end-to-end test grades them sandboxed)."""
+    verdicts = grade(lab, variant(lab["ref"], mistake_source(name)))
+    lost = {gid for gid, message in verdicts.items() if message}
+    expected = fixtures.LABS[LAB].mistakes[name].lost
+    assert lost == expected, {gid: verdicts[gid] for gid in lost ^ expected}
 
 
 def test_a_changed_target_or_rebound_heads_in_the_namespace_cost_nothing(lab):

@@ -159,11 +159,22 @@ def unfinite(values):
     return NON_FINITE[values] if isinstance(values, str) else values
 
 
+class NoAnswer:
+    """The answer of a call that got none (the sandbox died or stalled), told apart from a function that
+    returned None."""
+
+    def __repr__(self) -> str:
+        return "NO_ANSWER"
+
+
+NO_ANSWER = NoAnswer()
+
+
 def judge(check: Check, inputs: dict, answer: Any, reference: dict) -> Verdict:
     """Run `check`'s judge; a judge that cannot read the answer counts as a failed check, never a crash."""
-    if answer is None:
-        return Verdict(False, f"{check.what}: no answer came back (the cell did not finish, or the notebook "
-                              "stopped before it)")
+    if answer is NO_ANSWER:
+        return Verdict(False, f"{check.what}: no answer came back (the notebook stopped, or the sandbox was "
+                              "ended, before this call)")
     try:
         if isinstance(answer, dict) and ("error" in answer or "unsupported" in answer):
             decode(answer)  # the probe itself reported a failure (e.g. the function is not defined)

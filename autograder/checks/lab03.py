@@ -3,7 +3,10 @@ node index), the walk that follows the matching child, the bonus after the deepe
 that read each depth's own head, the 4D float mask with the committed context visible, one real forward of a
 seeded Llama over a tree that matches sequential decoding node by node, and the lossless multi-candidate
 rejection under sampling (siblings renormalised, residual updated, correction and bonus tokens from the right
-rows), proven statistically. Hidden cases are random trees, models and distributions drawn for every run."""
+rows), proven statistically. Hidden cases are random trees, models and distributions drawn for every run.
+The sampling cases carry no expected path or token (the reference computes their one possible outcome here),
+and the histogram is also run with verify_tree_sampling broken: it must follow the broken rule, so a histogram
+sampled from p without the verification fails."""
 
 from __future__ import annotations
 

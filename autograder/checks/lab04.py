@@ -28,6 +28,7 @@ PROMPT = [5, 17, 42, 8, 23, 61, 3]  # the lab's prompt
 LOGP_TOL = 2e-5
 MARGIN = 10 * LOGP_TOL  # how much a position or token error must change a hidden case's distributions
 TRIES = 30  # draws of a hidden head and prompt before the most sensitive one is taken
+MAX_SCORED = 400  # scored feature rows the probe sends per call (probes/lab04.py), and the most a judge reads
 
 
 def ref_head(ref: dict, case: dict):
@@ -63,6 +64,8 @@ def require_scored(ref: dict, answer, expected: torch.Tensor, label: str, step: 
                                                         f"values, got shape {tuple(got.shape)}")
     require(len(got) > 0, f"{label}: the target's output layer never scored a feature during the call (each draft "
                           "step is scored with logits_of)")
+    # the probe sends at most 400 rows; more would only make the comparison below costly for the grader
+    require(len(got) <= MAX_SCORED, f"{label}: {len(got)} scored features, more than the {MAX_SCORED} the probe sends")
     gaps = (log_probs(ref, got)[:, None, :] - log_probs(ref, expected)[None, :, :]).abs().amax(-1).amin(0)
     gaps = torch.nan_to_num(gaps, nan=float("inf"))
     worst = int(gaps.argmax())

@@ -134,12 +134,17 @@ def losses_of(answer, steps: int, label: str) -> list[float]:
     return values
 
 
+def kind(value) -> str:
+    """What came back, named by type only (an answer's text in a message is the student's, and unbounded)."""
+    return type(value).__name__
+
+
 def tensor_entry(raw, like: torch.Tensor, what: str) -> torch.Tensor:
     """One raw weight from the sandbox as a finite float tensor of `like`'s shape; the shape is checked before
     anything is decoded (nothing is allocated for a shape an answer merely names)."""
     if isinstance(raw, dict) and "error" in raw:
         decode(raw)
-    require(isinstance(raw, dict) and "tensor" in raw, f"{what} is not a tensor, got {show(raw)}")
+    require(isinstance(raw, dict) and "tensor" in raw, f"{what} is not a tensor, got a {kind(raw)}")
     shape = raw.get("shape")
     require(isinstance(shape, list) and len(shape) <= 8 and all(isinstance(n, int) for n in shape),
             f"{what} came back without a readable shape")
@@ -154,9 +159,9 @@ def weights_of(raw, expected: dict[str, torch.Tensor], what: str) -> dict[str, t
     """The raw state dict the sandbox sent, validated against the names and shapes of `expected`."""
     if isinstance(raw, dict) and ("error" in raw or "unsupported" in raw):
         decode(raw)
-    require(isinstance(raw, dict), f"{what}: no weights came back, got {show(raw)}")
+    require(isinstance(raw, dict), f"{what}: no weights came back, got a {kind(raw)}")
     require(set(raw) == set(expected), f"{what}: the weights should be named {sorted(expected)}, got "
-                                       f"{show(sorted(map(str, raw))[:12])}")
+                                       f"{sorted(str(name)[:40] for name in list(raw)[:12])}")
     return {name: tensor_entry(raw[name], value, f"{what}: the weight {name!r}") for name, value in expected.items()}
 
 
@@ -209,7 +214,7 @@ def measured(answer, case: dict, ref: dict, drafter: Drafter) -> tuple[list[floa
     """The losses the student's function returned, its trained head loaded here, and the same head untrained."""
     label = drafter.label(case)
     require(isinstance(answer, dict) and "losses" in answer and "head" in answer, f"{label}: no result came back, "
-                                                                                   f"got {show(answer)}")
+                                                                                   f"got a {kind(answer)}")
     losses = losses_of(answer["losses"], steps_of(case), label)
     fresh = drafter.fresh(ref, case)
     return losses, loaded(answer["head"], fresh, label), fresh

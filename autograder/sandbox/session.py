@@ -2,15 +2,17 @@
 
 The host (inside/host.py) runs in bubblewrap and talks only through two pipes opened here (frames.py). This
 side sends the notebook's cells, then one call at a time: a probe's name and the inputs drawn for it, which
-exist nowhere in the sandbox before that moment. It reads every frame with a size limit and a deadline, and
-answers the served models' forwards itself (counting them), so what it keeps of a call is exactly the one
-answer frame the host sent for it, and what it measured.
+exist nowhere in the sandbox before that moment, with a nonce that every frame of that call must carry back (a
+frame without it, written by the notebook's own threads or processes, ends that sandbox). It reads every frame
+with a size limit and a deadline, and answers the served models' forwards itself (counting them), so what it
+keeps of a call is exactly the one answer frame the host sent for it, and what it measured.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from autograder.checks._common import NO_ANSWER
 from autograder.sandbox.inside import frames
 
 # Largest frame accepted from the sandbox (a lab 6 answer holds a small head's weights; nothing needs more).
@@ -170,29 +173,31 @@ class Session:
 
     def call(self, lab: str, probe: str, inputs: dict, server: ModelServer | None = None):
         """One probe call on `inputs` (sent now, without their "secret" part): the host's plain answer, or
-        None when no answer came (the host is dead or stalled; it is then stopped for good)."""
+        NO_ANSWER when none came (the host is dead or stalled; it is then stopped for good)."""
         if self.dead:
-            return None
+            return NO_ANSWER
         self.calls += 1
         public = {k: v for k, v in inputs.items() if k != "secret"}
         if server is not None:
             public["served"] = server.public()
+        nonce = secrets.token_hex(16)  # the host's relay puts it on this call's frames; the notebook never saw it
         deadline = time.monotonic() + self.limits.call_timeout + GRACE_SECONDS
         try:
-            self.send({"call": self.calls, "lab": lab, "probe": probe, "inputs": public})
+            self.send({"call": self.calls, "nonce": nonce, "lab": lab, "probe": probe, "inputs": public})
             while True:
                 message = frames.read(self.answers, MAX_FRAME_BYTES, deadline)
-                if isinstance(message, dict) and "forward" in message and server is not None:
-                    self.send(server.forward(message["forward"]))
-                elif isinstance(message, dict) and "forward" in message:
-                    self.send({"error": "this call serves no model"})
-                elif isinstance(message, dict) and message.get("call") == self.calls and "value" in message:
+                if not isinstance(message, dict) or message.get("nonce") != nonce:
+                    raise frames.ChannelClosed("a frame that belongs to no call reached the grader (the notebook "
+                                               "wrote to the grader's channel)")
+                if "forward" in message:
+                    self.send(server.forward(message["forward"]) if server else {"error": "no model is served"})
+                elif message.get("call") == self.calls and "value" in message:
                     return message["value"]
                 else:
-                    raise frames.ChannelClosed("the host sent a frame that belongs to no call")
+                    raise frames.ChannelClosed("the host sent a frame that is neither a forward nor an answer")
         except (frames.ChannelClosed, OSError) as error:
             self.stop(str(error))
-            return None
+            return NO_ANSWER
 
     def stop(self, why: str) -> str:
         """End the sandbox early and say why (the first reason counts); no call is made after it."""

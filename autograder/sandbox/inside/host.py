@@ -9,13 +9,14 @@ It imports nothing from the repository (the sandbox cannot see it). Everything c
    output budget, and the names that the lab's answer cells define.
 2. The cells run one after the other in one IPython shell, as the notebook would run in a kernel; each cell's
    outputs go back as a frame. They are shown in the feedback and believed for nothing else.
-3. Then, for each call the checker makes (a probe's name and the inputs drawn for it, sent only now), the host
-   forks a child. The child puts back every name that the lab's setup cells bound (copies taken right after
-   the setup ran, so later cells that rebound or changed them do not count), runs the probe, and sends its
-   plain answer. A served model's forwards (served.py) travel as frames too, answered by the trusted side.
-   The parent relays every frame, so a child stopped at its time limit never leaves half a frame on the pipe,
-   and threads, timers and exit handlers the notebook started do not exist in the child (fork copies one
-   thread; the child leaves with os._exit).
+3. Then, for each call the checker makes (a probe's name, the inputs drawn for it, sent only now, and a nonce
+   that the frames sent back for this call must carry), the host forks a child. The child puts back every name
+   that the lab's setup cells bound (copies taken right after the setup ran, so later cells that rebound or
+   changed them do not count), runs the probe, and sends its plain answer. A served model's forwards
+   (served.py) travel as frames too, answered by the trusted side. The parent relays every frame and adds the
+   nonce, so a child stopped at its time limit never leaves half a frame on the pipe, and threads, timers and
+   exit handlers the notebook started do not exist in the child (fork copies one thread; the child leaves with
+   os._exit).
 
 What this does not do: hide the student's code from the probe. Both run in the same process, and the
 student's code can replace modules or write to the pipes. That is by design harmless: the checker believes
@@ -178,7 +179,7 @@ def child_main(request: dict, ns: dict, setup: dict, channel: ChildChannel) -> N
 
 def serve_call(request: dict, ns: dict, setup: dict, inbox: int, outbox: int, timeout: float) -> dict:
     """Run one call in a forked child, relaying its forwards to the trusted side; its answer as a frame."""
-    to_child, from_parent = os.pipe()
+    from_parent, to_child = os.pipe()  # (read end, write end), as os.pipe returns them
     from_child, to_parent = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -193,7 +194,7 @@ def serve_call(request: dict, ns: dict, setup: dict, inbox: int, outbox: int, ti
         while value is None:
             message = frames.read(from_child, deadline=deadline)
             if isinstance(message, dict) and "forward" in message:
-                frames.write(outbox, message)
+                frames.write(outbox, {"forward": message["forward"], "nonce": request.get("nonce")})
                 frames.write(to_child, frames.read(inbox))
             elif isinstance(message, dict) and "answer" in message:
                 value = message["answer"]
@@ -211,7 +212,7 @@ def serve_call(request: dict, ns: dict, setup: dict, inbox: int, outbox: int, ti
         except ProcessLookupError:
             pass
         os.waitpid(pid, 0)
-    return {"call": request.get("call"), "value": value}
+    return {"call": request.get("call"), "nonce": request.get("nonce"), "value": value}
 
 
 def main(inbox: int, outbox: int) -> None:
