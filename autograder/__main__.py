@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="grade a simulated class and report the wall time")
     bench.add_argument("lab")
     bench.add_argument("--students", type=int, default=40)
+    bench.add_argument("--neighbour", action="store_true",
+                       help="instead: the reference's wall time graded beside a CPU abuser against beside another "
+                            "reference (two sandboxes at a time, as in a class)")
     args = parser.parse_args(argv)
 
     try:
@@ -62,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "release":
             for lab in args.labs or pipeline.list_labs():
                 print(pipeline.release(lab, pipeline.LABS / lab))
+        elif args.command == "bench" and args.neighbour:
+            bench_neighbour(args.lab)
         elif args.command == "bench":
             bench_class(args.lab, args.students)
         else:
@@ -112,6 +117,35 @@ def bench_class(lab: str, students: int) -> None:
     print(f"{lab}: {len(results)} submissions graded in {seconds:.1f} s wall "
           f"({seconds / len(results):.2f} s per submission, 2 sandboxes at a time); {full} with full marks; "
           f"starting a sandbox costs {overhead:.2f} s over starting the same Python without it")
+
+
+def bench_neighbour(lab: str, repeats: int = 2) -> None:
+    """The reference's grading time beside an honest neighbour and beside a CPU abuser (64 busy processes in
+    sessions of their own), graded two at a time: the cgroup CPU share should keep the ratio near 1."""
+    import statistics
+    import tempfile
+
+    import nbformat
+
+    from autograder import fixtures, pipeline
+
+    pipeline.check_lab(lab)
+    release = nbformat.read(pipeline.LABS / lab / f"{lab}.ipynb", as_version=4)
+    by_name = {f.name: f for f in fixtures.fixtures(lab, release)}
+    times: dict[str, list[float]] = {"solution": [], "cpu_hogs": []}
+    with tempfile.TemporaryDirectory(prefix="specdec-neighbour-") as tmp:
+        for repeat in range(repeats):
+            for neighbour in times:
+                folder = Path(tmp) / f"{neighbour}-{repeat}"
+                folder.mkdir()
+                nbformat.write(by_name["solution"].notebook, folder / f"reference_{lab}.ipynb")
+                nbformat.write(by_name[neighbour].notebook, folder / f"neighbour_{lab}.ipynb")
+                results = {r.student: r for r in pipeline.grade(lab, folder, folder / "out")}
+                assert results["reference"].score == results["reference"].max_score
+                times[neighbour].append(results["reference"].seconds)
+    honest, abused = (statistics.median(times[n]) for n in times)
+    print(f"{lab}: the reference took {honest:.1f} s beside an honest neighbour and {abused:.1f} s beside a CPU "
+          f"abuser (median of {repeats}; ratio {abused / honest:.2f})")
 
 
 if __name__ == "__main__":

@@ -270,3 +270,39 @@ REBIND_HEADS = """# try again from scratch later
 eagle_head = EagleHead(seed=1)
 medusa_heads = MedusaHeads(num_heads=3)
 """
+
+
+# Shortcuts that give the right tokens without the method; each is judged by what the trusted side counts.
+GREEDY_AS_LOOP = """def generate(prompt, max_new_tokens, k, temperature=0.0, seed=0, eos=None):
+    dec = start(prompt, temperature, seed)
+    while len(dec.tokens) - len(prompt) < max_new_tokens and eos not in dec.tokens[len(prompt):]:
+        p = probs(forward(dec.target, dec.tokens[-1:], dec.target_cache), dec.temperature)
+        dec.tokens.append(int(torch.multinomial(p[-1], 1, generator=dec.generator)))
+    new = dec.tokens[len(prompt):][:max_new_tokens]
+    if eos in new:
+        new = new[: new.index(eos) + 1]
+    return new, 1 + -(-(len(new) - 1) // (k + 1))  # the count a speculative loop would report
+"""
+
+STEP_NEVER_DRAFTS = """def speculative_step(dec, k):
+    p = probs(forward(dec.target, dec.tokens[-1:], dec.target_cache), dec.temperature)
+    token = int(torch.multinomial(p[-1], 1, generator=dec.generator))
+    dec.tokens.append(token)
+    return [token]
+"""
+
+TREE_NODE_BY_NODE = """def tree_logits(model, context, tokens, parents):
+    rows = []
+    with torch.no_grad():
+        for i in range(-1, len(parents)):
+            path, node = [], i
+            while node != -1:
+                path.insert(0, tokens[node])
+                node = parents[node]
+            rows.append(model(input_ids=torch.tensor([context + path])).logits[0, -1])
+    return torch.stack(rows)
+"""
+
+JACOBI_AS_GREEDY = """def jacobi_decode(prompt, n):
+    return greedy(prompt, n), n
+"""

@@ -291,6 +291,14 @@ LABS: dict[str, LabFixtures] = {
     ),
     "lab02_loop": LabFixtures(
         target_cell="formulas",
+        variants={
+            # plain greedy decoding that reports the forwards a speculative loop would have taken
+            "greedy_passed_off_as_loop": Variant({"test_generate_eos_hidden"},
+                                                 functions={"generate": sources.GREEDY_AS_LOOP}),
+            # a step that never drafts: right tokens, one per target forward
+            "step_never_drafts": Variant({"test_step_cache_hidden", "test_generate_eos_hidden"},
+                                         functions={"speculative_step": sources.STEP_NEVER_DRAFTS}),
+        },
         target_tests={"test_formulas", "test_formulas_hidden"},
         reference_import=("from specdec_lab.theory import expected_speedup, expected_tokens_per_step\n"),
         mistakes={
@@ -333,6 +341,10 @@ LABS: dict[str, LabFixtures] = {
     ),
     "lab03_trees": LabFixtures(
         target_cell="tree_attention_mask",
+        variants={  # right logits, one forward per node instead of one for the whole tree
+            "tree_node_by_node": Variant({"test_tree_logits_hidden"},
+                                         functions={"tree_logits": sources.TREE_NODE_BY_NODE}),
+        },
         # the 4D mask and the forward are built on tree_attention_mask: without it they fail too
         target_tests={"test_mask", "test_mask_hidden", "test_mask4d", "test_mask4d_hidden", "test_tree_logits",
                       "test_tree_logits_hidden"},
@@ -511,6 +523,10 @@ LABS: dict[str, LabFixtures] = {
     ),
     "lab05_lookahead": LabFixtures(
         target_cell="prompt_lookup",
+        variants={  # greedy decoding with a made-up iteration count
+            "jacobi_as_greedy": Variant({"test_jacobi_hidden"},
+                                        functions={"jacobi_decode": sources.JACOBI_AS_GREEDY}),
+        },
         target_tests={"test_lookup", "test_lookup_hidden"},
         reference_import=("from specdec_lab.drafters.prompt_lookup import find_continuation\n\n\n"
                           "def prompt_lookup(tokens, max_ngram, k, min_ngram=1):\n"

@@ -4,11 +4,12 @@
 
 For each submission, on its own (one failure never touches another student):
   1. assemble (trusted): read the file leniently and rebuild it on the lab's release (assemble.py);
-  2. run (untrusted): execute it in a bubblewrap sandbox that sees only the notebook, the runner and the
-     lab's probes; after each test cell a probe calls the student's functions on the checker's inputs and
-     writes plain data (sandbox/);
-  3. judge (trusted): compare that data with the reference solution on the same inputs, outside the sandbox
-     (checks/); hidden cases are drawn fresh for every run and student;
+  2. run (untrusted): a host process in a bubblewrap sandbox (sandbox/) runs the cells, then answers one call
+     per test cell over framed pipes: the inputs drawn for that call arrive only then (never an expected
+     value), a probe calls the student's function in a forked child, and its plain answer goes back;
+  3. judge (trusted): compare that answer with the reference solution on the same inputs, outside the sandbox
+     (checks/), with forward counts and training results measured here; hidden cases are drawn fresh for every
+     run and student (autograder/README.md: the trust boundary);
   4. record (trusted): scores into nbgrader's gradebook; feedback pages by nbgrader (gradebook.py).
 
 Intake never stops a class (student_id, find_submissions, unpack): every file or folder name maps to a stable,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import resource
 import zipfile
 from pathlib import Path
 
@@ -216,6 +217,19 @@ def test_bad_input_gets_a_clear_message_and_writes_nothing(tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
+def add_class_stopping_names(folder: Path, lab: str) -> None:
+    """Files that once stopped a whole class: a name without ASCII letters, one student's two uploads (the
+    later one is the solution), and a hidden notebook."""
+    import os
+
+    solution = nbformat.writes(fixtures.solved(release_of(lab), lab))
+    (folder / f"李华_{lab}.ipynb").write_text(solution)
+    (folder / "ana_lab01_v1.ipynb").write_text(nbformat.writes(release_of(lab)))
+    (folder / "ana_lab01_v2.ipynb").write_text(solution)
+    os.utime(folder / "ana_lab01_v1.ipynb", (1_700_000_000, 1_700_000_000))
+    (folder / ".hidden_lab01.ipynb").write_text(solution)
+
+
 def chosen_fixtures(lab: str) -> list[fixtures.Fixture]:
     every = fixtures.fixtures(lab, release_of(lab))
     if lab == "lab01_sampling":
@@ -231,9 +245,14 @@ def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
     chosen = chosen_fixtures(lab)
     submissions = tmp_path / "submissions"
     fixtures.write(chosen, submissions)
+    if lab == "lab01_sampling":
+        add_class_stopping_names(submissions, lab)
     before = digest(submissions)
     results = {r.student: r for r in pipeline.grade(lab, submissions, tmp_path / "out", LIMITS, seed=7)}
     assert digest(submissions) == before, "the submitted files must be left untouched"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    print(f"{lab}: the grader's peak memory over the batch {peak / 2**30:.2f} GiB")
+    assert peak < 2 << 30, "the grader's own memory stays bounded whatever the submissions"
 
     every_test = fixtures.test_ids(lab)
     full = results[student("solution")]
@@ -276,6 +295,10 @@ def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
         assert "imports specdec_lab" in notes, "the notes should warn about the lab rules"
         assert any(n.startswith("timeout:") for n in results[student("infinite_loop")].notes)
         assert any(n.startswith("crash:") for n in results[student("os_exit")].notes)
+        assert results["李华"].score == full.max_score, "a name without ASCII letters is a student like any other"
+        twice = results["ana"]
+        assert twice.score == full.max_score and any("ana_lab01_v1" in n for n in twice.notes), twice.notes
+        assert any(".hidden" in n for r in results.values() for n in r.notes)
 
 
 @pytest.mark.grading

@@ -14,7 +14,7 @@ import torch
 
 from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import tokenize_stream
-from specdec_lab.train.quality import first_statement_parses
+from specdec_lab.train.quality import LOOP_MIN_TOKENS, first_statement_parses, is_degenerate
 from specdec_lab.train.zoo import record_result
 
 # The fixed validation windows on which the card's loss is measured (and a test re-measures it).
@@ -68,7 +68,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
     draft_loss = validation_loss(pair.draft, windows)
     target_ms, draft_ms = forward_milliseconds(pair.target), forward_milliseconds(pair.draft)
     texts = heldout_prompts(prompts)
-    parsed, drafted, accepted, new_tokens, forwards, same = 0, 0, 0, 0, 0, 0
+    parsed, looping, drafted, accepted, new_tokens, forwards, same = 0, 0, 0, 0, 0, 0, 0
     samples = []
     started = time.time()
     for i, text in enumerate(texts):
@@ -78,6 +78,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
                            max_new_tokens=max_new_tokens)
         completion = pair.tokenizer.decode(plain.tokens)
         parsed += first_statement_parses(text, completion)
+        looping += is_degenerate(plain.tokens)
         same += spec.tokens == plain.tokens
         drafted += spec.stats.drafted
         accepted += spec.stats.accepted
@@ -94,6 +95,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
         "heldout_prompts": len(texts),
         "max_new_tokens": max_new_tokens,
         "first_statement_parses": round(parsed / len(texts), 3),
+        "degenerate_share": round(looping / len(texts), 3),
         "k": k,
         "greedy_acceptance_rate": round(accepted / drafted, 3),
         "greedy_tau": round(new_tokens / forwards, 3),
@@ -272,6 +274,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"files), greedy, {ev['max_new_tokens']} new tokens:",
         "",
         f"- the target's first complete statement or block parses with `ast`: {ev['first_statement_parses']:.0%}",
+        *([f"- completions that loop (one token, or one cycle of 2 to 4 tokens, repeated over {LOOP_MIN_TOKENS} "
+           f"tokens or more): {ev['degenerate_share']:.0%}"] if "degenerate_share" in ev else []),
         f"- draft greedy acceptance rate at k = {ev['k']}: {ev['greedy_acceptance_rate']:.3f}; "
         f"tau (tokens per target forward, bonus included): {ev['greedy_tau']:.2f}",
         f"- speculative output identical to plain greedy decoding: {ev['speculative_equals_plain']} prompts",
