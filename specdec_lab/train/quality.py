@@ -65,16 +65,18 @@ def is_degenerate(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> b
 def text_quality(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 64) -> dict:
     """Greedy-complete each prompt with `model` and measure the completions.
 
-    Returns `first_statement_parses` (share whose first statement parses after the prompt) and
-    `degenerate_share` (share holding a loop, see `is_degenerate`), both over `len(prompts)` prompts.
+    Returns `first_statement_parses` (share whose first statement parses after the prompt),
+    `degenerate_share` (share holding a loop, see `is_degenerate`) and `clean_share` (share that parses and
+    does not loop: what weights are selected by, since an early model parses by writing little, and a looping
+    one can parse too), all over `len(prompts)` prompts.
     """
     import specdec_lab as sd
 
-    parsed = looping = 0
+    parsed = looping = clean = 0
     for text in prompts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         tokens = sd.generate(model, ids, max_new_tokens=max_new_tokens).tokens
-        parsed += first_statement_parses(text, tokenizer.decode(tokens))
-        looping += is_degenerate(tokens)
+        parses, loops = first_statement_parses(text, tokenizer.decode(tokens)), is_degenerate(tokens)
+        parsed, looping, clean = parsed + parses, looping + loops, clean + (parses and not loops)
     return {"first_statement_parses": round(parsed / len(prompts), 3),
-            "degenerate_share": round(looping / len(prompts), 3)}
+            "degenerate_share": round(looping / len(prompts), 3), "clean_share": round(clean / len(prompts), 3)}
