@@ -371,3 +371,29 @@ def histogram(tokens: list[int], vocab: int) -> torch.Tensor:
 
 def isclose(a: float, b: float, tol: float = 1e-6) -> bool:
     return math.isfinite(a) and abs(a - b) <= tol
+
+
+def histogram_run(case: dict, answer, broken: bool, rule: str) -> torch.Tensor:
+    """The counts (V,) of one run of a histogram exercise whose probe also ran it with the lab's verification
+    rule replaced by a broken one (`broken`: that run's counts; `rule`: how the message names the broken rule,
+    e.g. "verify replaced by one that accepts every drafted token"), or Fail."""
+    got = decode(answer)
+    require(isinstance(got, dict) and "counts" in got and "broken" in got,
+            f"expected the histogram and the histogram with {rule.split(' replaced')[0]} broken, got {show(got)}")
+    when = f" (with {rule})" if broken else ""
+    counts = as_tensor(got["broken" if broken else "counts"], (len(case["p"]),))
+    require(int(counts.sum()) == case["n"], f"the counts{when} should add up to n = {case['n']}, they add up to "
+                                            f"{show(float(counts.sum()))}")
+    return counts
+
+
+def require_follows_broken_rule(case: dict, answer, rule: str, verify: str, p_value: float) -> None:
+    """The histogram run with the lab's verification replaced by a rule that checks every draft against q itself
+    (`rule` names it, `verify` the lab's function) must follow q: a histogram counts what verification emits,
+    while one that samples p by itself follows p there too."""
+    counts, q = histogram_run(case, answer, True, rule), torch.tensor(case["q"])
+    pvalue = chi_square_pvalue(counts, q)
+    require(pvalue > p_value, f"with {rule}, the first tokens should follow q = {show(q)}, but your histogram does "
+                              f"not change the way it should (chi-square p-value against q {pvalue:.1e}; observed "
+                              f"{show(counts / case['n'])}): first_token_histogram must count what `{verify}` "
+                              "emits, not sample p by itself")

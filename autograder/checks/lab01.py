@@ -16,14 +16,15 @@ from autograder.checks._common import (
     Fail,
     as_int,
     as_ints,
-    as_tensor,
     chi_square_pvalue,
     decode,
     distributions,
     fixed,
     histogram,
+    histogram_run,
     require,
     require_close,
+    require_follows_broken_rule,
     show,
 )
 
@@ -161,28 +162,18 @@ def histogram_cases(generator: torch.Generator, ref: dict) -> dict:
                        "seed": int(torch.randint(0, 2**31, (1,), generator=generator))}]}
 
 
+# How the messages name the broken verification the histogram probe also runs.
+BROKEN_RULE = "verify replaced by one that accepts every drafted token"
+
+
 def histogram_counts(case: dict, answer, broken: bool) -> torch.Tensor:
-    """The counts (V,) of one histogram run (`broken`: the run with the broken verify), or Fail."""
-    got = decode(answer)
-    require(isinstance(got, dict) and "counts" in got and "broken" in got,
-            f"expected the histogram and the histogram with a broken verify, got {show(got)}")
-    when = " (with verify replaced by one that accepts every drafted token)" if broken else ""
-    counts = as_tensor(got["broken" if broken else "counts"], (len(case["p"]),))
-    require(int(counts.sum()) == case["n"], f"the counts{when} should add up to n = {case['n']}, they add up to "
-                                            f"{show(float(counts.sum()))}")
-    return counts
+    """The counts of the real run, or (`broken`) of the run with the broken rule."""
+    return histogram_run(case, answer, broken, BROKEN_RULE)
 
 
 def require_follows_verify(case: dict, answer) -> None:
-    """The run with `verify` replaced by a rule that verifies against q itself (every drafted token accepted)
-    must follow q: the histogram counts what verify emits. A histogram that samples p by itself follows p."""
-    counts, q = histogram_counts(case, answer, broken=True), torch.tensor(case["q"])
-    pvalue = chi_square_pvalue(counts, q)
-    require(pvalue > P_VALUE, f"with verify replaced by a broken one that accepts every drafted token, the first "
-                              f"tokens should follow q = {show(q)}, but your histogram does not change the way it "
-                              f"should (chi-square p-value against q {pvalue:.1e}; observed "
-                              f"{show(counts / case['n'])}): first_token_histogram must count what `verify` "
-                              "emits, not sample p by itself")
+    """The run with the broken rule follows q (a histogram counts what `verify` emits)."""
+    require_follows_broken_rule(case, answer, BROKEN_RULE, "verify", P_VALUE)
 
 
 def judge_histogram(inputs: dict, answers: list, ref: dict) -> None:

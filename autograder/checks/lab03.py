@@ -23,7 +23,9 @@ from autograder.checks._common import (
     distributions,
     fixed,
     histogram,
+    histogram_run,
     require,
+    require_follows_broken_rule,
     show,
 )
 
@@ -376,29 +378,18 @@ def histogram_cases(generator: torch.Generator, ref: dict) -> dict:
                       {"p": SURE_P + [0.0, 0.0], "q": SURE_Q + [0.0, 0.0], "width": 2, "n": 1000, "seed": seeds[1]}]}
 
 
+# How the messages name the broken verification the histogram probe also runs.
+BROKEN_RULE = "verify_tree_sampling replaced by one that accepts the first child"
+
+
 def histogram_counts(case: dict, answer, broken: bool) -> torch.Tensor:
-    """The counts (V,) of one histogram run (`broken`: the run with the broken verify), or Fail."""
-    got = decode(answer)
-    require(isinstance(got, dict) and "counts" in got and "broken" in got,
-            f"expected the histogram and the histogram with a broken verify_tree_sampling, got {show(got)}")
-    when = " (with verify_tree_sampling replaced by one that accepts the first child)" if broken else ""
-    counts = as_tensor(got["broken" if broken else "counts"], (len(case["p"]),))
-    require(int(counts.sum()) == case["n"], f"the counts{when} should add up to n = {case['n']}, they add up to "
-                                            f"{show(float(counts.sum()))}")
-    return counts
+    """The counts of the real run, or (`broken`) of the run with the broken rule."""
+    return histogram_run(case, answer, broken, BROKEN_RULE)
 
 
 def require_follows_verify(case: dict, answer) -> None:
-    """The run with verify_tree_sampling replaced by a rule that verifies against q itself (the first child is
-    always accepted) must follow q: the histogram counts what the verification emits. A histogram that samples
-    p by itself follows p there too."""
-    counts, q = histogram_counts(case, answer, broken=True), torch.tensor(case["q"])
-    pvalue = chi_square_pvalue(counts, q)
-    require(pvalue > P_VALUE, f"with verify_tree_sampling replaced by a broken one that always accepts the first "
-                              f"child, the first tokens should follow q = {show(q)}, but your histogram does not "
-                              f"change the way it should (chi-square p-value against q {pvalue:.1e}; observed "
-                              f"{show(counts / case['n'])}): first_token_histogram must count what "
-                              "verify_tree_sampling emits, not sample p by itself")
+    """The run with the broken rule follows q (a histogram counts what `verify_tree_sampling` emits)."""
+    require_follows_broken_rule(case, answer, BROKEN_RULE, "verify_tree_sampling", P_VALUE)
 
 
 def judge_histogram_known(inputs: dict, answers: list, ref: dict) -> None:

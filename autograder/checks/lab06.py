@@ -395,14 +395,8 @@ def judge_accuracy_visible(inputs: dict, answers: list, ref: dict) -> None:
         _, heads, _ = measured(answer, case, ref, MEDUSA)
         with one_thread():
             expected = ref["medusa_accuracy"](heads, case["sentences"])
-        got = decode(answer.get("accuracy"))
-        label = "medusa_accuracy(your trained heads, HELDOUT)"
-        require(isinstance(got, list) and len(got) == len(expected),
-                f"{label} should give {len(expected)} fractions, got {show(got)}")
-        values = [as_float(v) for v in got]
-        require(all(abs(a - b) < 1e-6 for a, b in zip(values, expected, strict=True)),
-                f"{label}: expected {show(expected, 4)} (the grader's measurement of the same heads), got "
-                f"{show(values, 4)}")
+        require_accuracies(answer.get("accuracy"), expected, "medusa_accuracy(your trained heads, HELDOUT)",
+                           " (the grader's measurement of the same heads)")
         require(expected[0] > 0.4, f"a trained head 1 should be right on more than 40% of held-out positions; "
                                    f"train_medusa(MedusaHeads(num_heads=3), steps=100) gave heads right on "
                                    f"{expected[0]:.2f}")
@@ -422,13 +416,17 @@ def judge_accuracy(inputs: dict, answers: list, ref: dict) -> None:
                 block.weight.copy_(torch.tensor(weight))
                 block.bias.copy_(torch.tensor(bias))
         expected = ref["medusa_accuracy"](heads, case["sentences"])
-        got = decode(answer)
-        require(isinstance(got, list) and len(got) == len(expected),
-                f"medusa_accuracy with {len(expected)} heads should give {len(expected)} values, got {show(got)}")
-        values = [as_float(v) for v in got]
-        require(all(abs(a - b) < 1e-6 for a, b in zip(values, expected, strict=True)),
-                f"medusa_accuracy of random heads on 12 held-out sentences: expected {show(expected, 4)}, got "
-                f"{show(values, 4)}")
+        require_accuracies(answer, expected, "medusa_accuracy of random heads on 12 held-out sentences")
+
+
+def require_accuracies(answer, expected: list[float], label: str, source: str = "") -> None:
+    """The per-head accuracies in `answer` equal the trusted side's `expected` (one per head, within 1e-6)."""
+    got = decode(answer)
+    require(isinstance(got, list) and len(got) == len(expected),
+            f"{label} should give {len(expected)} fractions, one per head, got {show(got)}")
+    values = [as_float(v) for v in got]
+    require(all(abs(a - b) < 1e-6 for a, b in zip(values, expected, strict=True)),
+            f"{label}: expected {show(expected, 4)}{source}, got {show(values, 4)}")
 
 
 # ----------------------------------------------------------------------------------------------- EAGLE

@@ -1,16 +1,15 @@
 """Probes of lab 1 (speculative sampling). Each returns one plain answer per case; nothing here judges.
 
 The histogram probe also runs the student's `first_token_histogram` with the namespace's `verify` swapped for
-a deliberately broken rule (see `verify_replaced`): a histogram that counts what `verify` emits follows the
+a deliberately broken rule (see `specdec_probe.replaced`): a histogram that counts what `verify` emits follows the
 broken rule there, one that samples p by itself does not, and the checker tells the two apart."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
-from specdec_probe import call, get, tensor
+from specdec_probe import call, get, replaced, tensor
 
 
 def process_logits(ns: dict, inputs: dict) -> list:
@@ -72,28 +71,6 @@ def against_q(real: Callable) -> Callable:
     return broken
 
 
-@contextmanager
-def verify_replaced(ns: dict, user: Callable, name: str, replacement: Callable) -> Iterator[None]:
-    """While the block runs, `name` is `replacement` in `ns` and in the globals `user` (the student's function
-    that calls it) looks names up in; both are restored afterwards."""
-    scopes = [ns]
-    scope = getattr(user, "__globals__", None)
-    if isinstance(scope, dict) and scope is not ns:
-        scopes.append(scope)
-    missing = object()
-    saved = [(s, s.get(name, missing)) for s in scopes]
-    for s in scopes:
-        s[name] = replacement
-    try:
-        yield
-    finally:
-        for s, value in saved:
-            if value is missing:
-                s.pop(name, None)
-            else:
-                s[name] = value
-
-
 def first_token_histogram(ns: dict, inputs: dict) -> list:
     """Per case: the student's counts ("counts"), and their counts when `verify` is broken to accept every
     drafted token ("broken", same seed): counts that come from verify must then follow q."""
@@ -101,7 +78,7 @@ def first_token_histogram(ns: dict, inputs: dict) -> list:
     answers = []
     for c in inputs["cases"]:
         counts = call(f, tensor(c["p"]), tensor(c["q"]), c["n"], torch.Generator().manual_seed(c["seed"]))
-        with verify_replaced(ns, f, "verify", against_q(real)):
+        with replaced(ns, f, "verify", against_q(real)):
             broken = call(f, tensor(c["p"]), tensor(c["q"]), c["n"], torch.Generator().manual_seed(c["seed"]))
         answers.append({"counts": counts, "broken": broken})
     return answers

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
-from specdec_probe import call, get, served, tensor
+from specdec_probe import call, get, replaced, served, tensor
 
 
 def tree_attention_mask(ns: dict, inputs: dict) -> list:
@@ -97,28 +96,6 @@ def against_q(real: Callable) -> Callable:
         return real(tokens, parents, torch.cat([q_rows.to(p.dtype), p[len(q_rows):]]), q, *args, **kwargs)
 
     return broken
-
-
-@contextmanager
-def replaced(ns: dict, user: Callable, name: str, replacement: Callable) -> Iterator[None]:
-    """While the block runs, `name` is `replacement` in `ns` and in the globals `user` (the student's function
-    that calls it) looks names up in; both are restored afterwards."""
-    scopes = [ns]
-    scope = getattr(user, "__globals__", None)
-    if isinstance(scope, dict) and scope is not ns:
-        scopes.append(scope)
-    missing = object()
-    saved = [(s, s.get(name, missing)) for s in scopes]
-    for s in scopes:
-        s[name] = replacement
-    try:
-        yield
-    finally:
-        for s, value in saved:
-            if value is missing:
-                s.pop(name, None)
-            else:
-                s[name] = value
 
 
 def first_token_histogram(ns: dict, inputs: dict) -> list:
