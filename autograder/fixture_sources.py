@@ -306,3 +306,32 @@ TREE_NODE_BY_NODE = """def tree_logits(model, context, tokens, parents):
 JACOBI_AS_GREEDY = """def jacobi_decode(prompt, n):
     return greedy(prompt, n), n
 """
+
+
+# Honest habits: answers in the ordinary forms the notebooks' own tests accept (a scratch cell after the answer
+# wraps it): lists of 0-d tensors, numpy integers.
+ZERO_D_TENSORS = """_verify_as_lists = verify
+
+
+def verify(*args, **kwargs):
+    return [torch.tensor(token) for token in _verify_as_lists(*args, **kwargs)]
+"""
+
+NUMPY_TREE = """import numpy as np
+
+_verify_tree_as_ints = verify_tree
+
+
+def verify_tree(*args, **kwargs):
+    path, token = _verify_tree_as_ints(*args, **kwargs)
+    return [np.int64(node) for node in path], np.int64(token)
+"""
+
+NUMPY_LOOKUP = """import numpy as np
+
+_prompt_lookup_as_ints = prompt_lookup
+
+
+def prompt_lookup(*args, **kwargs):
+    return [np.int64(token) for token in _prompt_lookup_as_ints(*args, **kwargs)]
+"""

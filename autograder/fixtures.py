@@ -219,6 +219,10 @@ def fixtures(lab: str, release: nbformat.NotebookNode) -> list[Fixture]:
             cell.metadata = {"tags": ["mine"], "nbgrader": {"grade_id": target, "solution": True, "locked": True,
                                                             "schema_version": 1}}
     honest("changed_metadata", changed)
+    saved = solved(release, lab)  # a plotly figure's worth of saved outputs: 25 MB, discarded on reading
+    first_code = next(c for c in saved.cells if c.cell_type == "code")
+    first_code.outputs = [nbformat.v4.new_output("display_data", data={"text/plain": "x" * (25 << 20)})]
+    honest("big_saved_outputs", saved)
     unfinished = solved(release, lab)
     first_md = next(i for i in range(anchor, -1, -1) if unfinished.cells[i].cell_type == "markdown")
     section_end = next((i for i in range(anchor + 1, len(unfinished.cells))
@@ -248,6 +252,7 @@ def write(fixtures_: list[Fixture], dest: Path) -> None:
 LABS: dict[str, LabFixtures] = {
     "lab01_sampling": LabFixtures(
         target_cell="process_logits",
+        variants={"zero_d_tensors": Variant(set(), kind="honest", after={"verify": sources.ZERO_D_TENSORS})},
         target_tests={"test_process_logits", "test_process_logits_hidden"},
         reference_import=("from specdec_lab.sampling import SamplingConfig, process_logits as reference\n\n\n"
                           "def process_logits(logits, temperature, top_k=None):\n"
@@ -341,7 +346,9 @@ LABS: dict[str, LabFixtures] = {
     ),
     "lab03_trees": LabFixtures(
         target_cell="tree_attention_mask",
-        variants={  # right logits, one forward per node instead of one for the whole tree
+        variants={
+            "numpy_integers": Variant(set(), kind="honest", after={"verify_tree": sources.NUMPY_TREE}),
+            # right logits, one forward per node instead of one for the whole tree
             "tree_node_by_node": Variant({"test_tree_logits_hidden"},
                                          functions={"tree_logits": sources.TREE_NODE_BY_NODE}),
         },
@@ -523,7 +530,9 @@ LABS: dict[str, LabFixtures] = {
     ),
     "lab05_lookahead": LabFixtures(
         target_cell="prompt_lookup",
-        variants={  # greedy decoding with a made-up iteration count
+        variants={
+            "numpy_integers": Variant(set(), kind="honest", after={"prompt_lookup": sources.NUMPY_LOOKUP}),
+            # greedy decoding with a made-up iteration count
             "jacobi_as_greedy": Variant({"test_jacobi_hidden"},
                                         functions={"jacobi_decode": sources.JACOBI_AS_GREEDY}),
         },

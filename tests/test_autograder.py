@@ -27,7 +27,7 @@ LIMITS = pipeline.Limits(cell_timeout=60, memory_bytes=3 << 30, cpu_seconds=300)
 LAB_INDEPENDENT_ATTACKS = {"infinite_loop", "sys_exit", "raise_system_exit", "os_exit", "stdout_flood",
                            "memory_bomb", "fork_bomb", "kills_grader", "reads_solutions", "interpreter_tricks",
                            "patches_probes", "monkeypatch_module", "writes_gradebook",
-                           "forges_channel", "cpu_hogs", "disk_filler", "huge_shape"}
+                           "forges_channel", "cpu_hogs", "disk_filler", "huge_shape", "big_saved_outputs"}
 LABS = pipeline.list_labs()
 
 
