@@ -619,6 +619,7 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
     started = time.monotonic()
     limits = job.limits
     group = cgroups.create(f"{os.getpid()}-slot{slot}", limits.memory_bytes, limits.processes, limits.cpus)
+    watchdog = None if group else cgroups.Watchdog(sandbox.FIRST_UID + slot, limits.memory_bytes)
     try:
         sandbox.prepare(folder, job.lab)
         command = sandbox.command(folder, limits, slot)
@@ -632,11 +633,15 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
         if group is not None:
             run_memory_hit = group.memory_limit_hit()
             group.remove()
+        else:
+            watchdog.stop()
+            run_memory_hit = watchdog.tripped
         job.slots.put(slot)
     result.seconds = time.monotonic() - started
     if group is None:
-        result.notes.append("sandbox: this machine has no writable cgroups; limits applied per process only")
-    elif run_memory_hit:
+        result.notes.append("sandbox: this machine has no writable cgroups; a watchdog measured the notebook's "
+                            "memory instead, and its CPU was not shared out")
+    if run_memory_hit:
         result.notes.append(f"memory: the notebook reached its {limits.memory_bytes >> 30} GiB limit (all its "
                             "processes together)")
     for index, cell_run in run.cells.items():

@@ -165,3 +165,19 @@ def test_mount_args_limit_tmp(tmp_path):
     args = sandbox.mount_args(1 << 20)
     assert args[args.index("--tmpfs") - 2 : args.index("--tmpfs") + 2] == ["--size", str(1 << 20), "--tmpfs", "/tmp"]
     assert Path(sandbox.INSIDE / "host.py").exists()
+
+
+def test_without_cgroups_a_watchdog_stops_a_tree_past_its_memory(session):
+    """The fallback where a machine has no cgroups: the sandbox slot's user id is watched; children that hoard
+    memory beside a small parent trip it, and everything of that user is killed."""
+    from autograder.sandbox import cgroups
+
+    watchdog = cgroups.Watchdog(sandbox.FIRST_UID + 5, memory_bytes=1 << 30, interval=0.2)
+    try:
+        hoard = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n"
+                 "        block = bytearray(400 << 20)\n        time.sleep(60)\n        os._exit(0)\ntime.sleep(30)\n")
+        notebook = run(session, ("setup", SETUP), ("other", hoard))
+    finally:
+        watchdog.stop()
+    assert watchdog.tripped and notebook.problem is not None
+    assert cgroups.processes_of(sandbox.FIRST_UID + 5) == []

@@ -7,14 +7,17 @@ count is capped, and its CPU time is capped at `Limits.cpus` cores with an equal
 abuser cannot take a neighbour's core. When grading ends, every process still in the group is killed.
 
 These machines mount the v1 controllers `memory`, `pids` and `cpu` under /sys/fs/cgroup, writable as root.
-Where they are missing or not writable, `create` returns None and the sandbox keeps its per-process limits
-only; the grading log says so.
+Where they are missing or not writable, `create` returns None and a `Watchdog` takes their place: every
+sandbox slot runs as a user id of its own, so the watchdog sums the memory of that user's processes twice a
+second and kills them all past the limit, and kills whatever is left when grading ends. It cannot share the
+CPU out; the row's notes say that this machine had no cgroups.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,3 +92,51 @@ def create(name: str, memory_bytes: int, processes: int, cpus: float) -> Group |
         group.remove()
         return None
     return group
+
+
+def processes_of(uid: int) -> list[tuple[int, int]]:
+    """(pid, proportional memory in bytes) of every process running as `uid`. The proportional set size
+    shares each page among the processes that map it, so a forked child is not counted twice."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            rollup = Path(f"/proc/{entry}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        pss = next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+        found.append((int(entry), pss << 10))
+    return found
+
+
+class Watchdog:
+    """Limits on a sandbox's whole process tree without cgroups: the processes of its user id, measured."""
+
+    def __init__(self, uid: int, memory_bytes: int, interval: float = 0.5):
+        self.uid, self.memory_bytes, self.interval = uid, memory_bytes, interval
+        self.tripped = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+
+    def watch(self) -> None:
+        while not self.done.wait(self.interval):
+            if sum(rss for _, rss in processes_of(self.uid)) > self.memory_bytes:
+                self.tripped = True
+                self.kill_all()
+
+    def kill_all(self) -> None:
+        for pid, _ in processes_of(self.uid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        """Stop watching and kill whatever the sandbox left running."""
+        self.done.set()
+        self.thread.join()
+        self.kill_all()
