@@ -397,3 +397,19 @@ def require_follows_broken_rule(case: dict, answer, rule: str, verify: str, p_va
                               f"not change the way it should (chi-square p-value against q {pvalue:.1e}; observed "
                               f"{show(counts / case['n'])}): first_token_histogram must count what `{verify}` "
                               "emits, not sample p by itself")
+
+
+@torch.no_grad()
+def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
+    """`n` tokens of plain greedy decoding of `model` after `prompt`, without any cache (the trusted side's
+    ground truth)."""
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax()))
+    return tokens[len(prompt):]
+
+
+def serve_case_models(inputs: dict, ref: dict) -> dict:
+    """A `Check.serve` for checks with one model per case, of the lab's own `tiny_llama(seed)`, from the seeds
+    under inputs["secret"]["seeds"]: served as "case0", "case1", ..."""
+    return {f"case{i}": ref["tiny_llama"](seed) for i, seed in enumerate(inputs["secret"]["seeds"])}

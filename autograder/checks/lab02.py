@@ -17,6 +17,7 @@ from autograder.checks._common import (
     chi_square_pvalue,
     decode,
     fixed,
+    greedy_tokens,
     histogram,
     isclose,
     require,
@@ -33,13 +34,6 @@ def full_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits of `model` at every position of `tokens`, without any cache (the ground truth)."""
     with torch.no_grad():
         return model(input_ids=torch.tensor([tokens])).logits[0].double()
-
-
-def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(n):
-        tokens.append(int(full_logits(model, tokens)[-1].argmax()))
-    return tokens[len(prompt):]
 
 
 def served_pair(inputs: dict, ref: dict) -> dict:
@@ -68,7 +62,7 @@ def seed_of(generator: torch.Generator) -> int:
 def judge_draft_visible(inputs: dict, answers: list, ref: dict) -> None:
     case, got = inputs["cases"][0], decode(answers[0])
     tokens = as_ints(got["tokens"])
-    expected = greedy_reference(ref["draft_model"], case["context"], case["k"])
+    expected = greedy_tokens(ref["draft_model"], case["context"], case["k"])
     require(tokens == expected, f"at temperature 0 the draft is greedy: expected {expected}, got {tokens}")
     q = as_tensor(got["q"], (case["k"], VOCAB))
     expected_cache = len(case["context"]) + case["k"] - 1
@@ -122,7 +116,7 @@ def judge_step_visible(inputs: dict, answer: dict, ref: dict) -> None:
                                                           f"but the last ({len(tokens) - 1}), it holds "
                                                           f"{after['target_cache']}")
     new = as_ints(answer["steps"][-1]["tokens"])[len(inputs["context"]):]
-    expected = greedy_reference(ref["target"], inputs["context"], len(new))
+    expected = greedy_tokens(ref["target"], inputs["context"], len(new))
     require(new == expected, f"at temperature 0 the output is the target's greedy decoding: expected {expected}, "
                              f"got {new}")
 
@@ -164,7 +158,7 @@ def judge_cache_run(inputs: dict, answer: dict, ref: dict) -> None:
                                                         f"{after['draft_cache']} positions, more than the {length} "
                                                         "tokens: it kept rejected tokens")
     new = as_ints(answer["steps"][-1]["tokens"])[len(inputs["context"]):]
-    expected = greedy_reference(ref["target"], inputs["context"], len(new))
+    expected = greedy_tokens(ref["target"], inputs["context"], len(new))
     require(new == expected, f"at temperature 0, after {inputs['steps']} steps the tokens should be plain greedy "
                              f"decoding of the target {expected}, got {new}")
 
@@ -188,7 +182,7 @@ def judge_lossless(inputs: dict, answer: dict, ref: dict) -> None:
 
 def eos_inputs(generator: torch.Generator, ref: dict) -> dict:
     context = random_context(generator)
-    reference = greedy_reference(ref["target"], context, 24)
+    reference = greedy_tokens(ref["target"], context, 24)
     stop = max(i for i in range(24) if reference[i] not in reference[:i])  # the last first-appearance
     return {"cases": [  # rollback with a rejected draft; EOS mid-step; a served pair that counts forwards
         {"prompt": context, "max_new_tokens": 9, "k": 4, **other_draft(generator)},
@@ -218,7 +212,7 @@ def judge_served_generate(inputs: dict, case: dict, run, ref: dict) -> None:
     n, k = case["max_new_tokens"], case["k"]
     target = served_pair(inputs, ref)["target"]
     new, reported = as_ints(run[0]), as_int(run[1])
-    expected = greedy_reference(target, case["prompt"], n)
+    expected = greedy_tokens(target, case["prompt"], n)
     require(new == expected, f"generate({case['prompt']}, {n}, k={k}) on a new target with a draft identical to it: "
                              f"expected its greedy tokens {expected}, got {new}")
     ran = len(inputs["measured"]["forwards"]["target"])
@@ -230,7 +224,7 @@ def judge_served_generate(inputs: dict, case: dict, run, ref: dict) -> None:
 
 
 def generate_visible_inputs(generator: torch.Generator, ref: dict) -> dict:
-    expected = greedy_reference(ref["target"], PROMPT, 12)
+    expected = greedy_tokens(ref["target"], PROMPT, 12)
     return {"cases": [{"prompt": PROMPT, "max_new_tokens": 12, "k": 3},
                       {"prompt": PROMPT, "max_new_tokens": 12, "k": 3, "eos": expected[4]}],
             "secret": {"expected": expected}}

@@ -26,6 +26,7 @@ from autograder.checks._common import (
     histogram_run,
     require,
     require_follows_broken_rule,
+    serve_case_models,
     show,
 )
 
@@ -233,11 +234,6 @@ def tree_logits_cases(generator: torch.Generator, ref: dict) -> dict:
     return {"cases": cases, "secret": {"seeds": seeds}}
 
 
-def serve_tree_models(inputs: dict, ref: dict) -> dict:
-    """One model per hidden case, of the lab's own construction, from a seed the sandbox never sees."""
-    return {f"case{i}": ref["tiny_llama"](seed) for i, seed in enumerate(inputs["secret"]["seeds"])}
-
-
 # --- lossless tree verification under sampling -----------------------------------------------------------
 
 
@@ -442,7 +438,7 @@ CHECKS = {
         "tree_logits on the example tree against sequential decoding"),
     "test_tree_logits_hidden": Check("tree_logits_served", tree_logits_cases, judge_tree_logits,
                                      "tree_logits of new models on random trees against sequential decoding, "
-                                     "in one forward after the prefill", serve=serve_tree_models),
+                                     "in one forward after the prefill", serve=serve_case_models),
     "test_verify_sampling": Check("verify_tree_sampling", fixed({"cases": visible_sampling_cases()}),
                                   judge_visible_sampling, "verify_tree_sampling on the worked examples"),
     "test_verify_sampling_hidden": Check(

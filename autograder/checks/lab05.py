@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import torch
 
-from autograder.checks._common import Check, Fail, as_int, as_ints, as_tensor, decode, fixed, require, show
+from autograder.checks._common import (
+    Check,
+    Fail,
+    as_int,
+    as_ints,
+    as_tensor,
+    decode,
+    fixed,
+    greedy_tokens,
+    require,
+    serve_case_models,
+    show,
+)
 
 VOCAB = 32
 PROMPT = [3, 14, 15, 9, 26, 5, 3, 14, 8, 9, 7, 9]  # the lab's own prompt (visible tests)
@@ -86,19 +98,6 @@ def jacobi_cases(generator: torch.Generator, ref: dict) -> dict:
     return {"cases": cases, "secret": {"seeds": seeds}}
 
 
-def serve_jacobi_models(inputs: dict, ref: dict) -> dict:
-    return {f"case{i}": ref["tiny_llama"](seed) for i, seed in enumerate(inputs["secret"]["seeds"])}
-
-
-@torch.no_grad()
-def greedy_on(model, prompt: list[int], n: int) -> list[int]:
-    """Plain greedy decoding of `model`, without a cache (the trusted side's ground truth)."""
-    tokens = list(prompt)
-    for _ in range(n):
-        tokens.append(int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax()))
-    return tokens[len(prompt):]
-
-
 @torch.no_grad()
 def jacobi_forwards(model, prompt: list[int], n: int) -> int:
     """Forwards that Jacobi iteration from `n` copies of the last prompt token takes to its fixed point on
@@ -119,7 +118,7 @@ def judge_jacobi(inputs: dict, answers: list, ref: dict) -> None:
         tokens, iterations = as_ints(got[0]), as_int(got[1])
         model = ref["tiny_llama"](inputs["secret"]["seeds"][index])
         prompt, n = case["prompt"], case["n"]
-        expected = greedy_on(model, prompt, n)
+        expected = greedy_tokens(model, prompt, n)
         label = f"jacobi_decode({prompt}, n={n}) on {'the lab' if index == 0 else 'a new'} model"
         require(tokens == expected, f"{label}: expected the greedy tokens {expected}, got {tokens} (stopped before "
                                     "the fixed point?)")
@@ -371,7 +370,7 @@ CHECKS = {
                          "jacobi_decode on the visible case"),
     "test_jacobi_hidden": Check("jacobi_decode_served", jacobi_cases, judge_jacobi,
                                 "jacobi_decode on random prompts and new models: the greedy tokens and the forwards "
-                                "to the fixed point, counted where the model runs", serve=serve_jacobi_models),
+                                "to the fixed point, counted where the model runs", serve=serve_case_models),
     "test_window": Check("advance_window", fixed(window_visible()), judge_window,
                          "advance_window on the visible cases"),
     "test_window_hidden": Check("advance_window", window_cases, judge_window,

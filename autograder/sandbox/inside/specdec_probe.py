@@ -139,7 +139,7 @@ def get(namespace: dict, name: str):
 
 
 @contextmanager
-def replaced(ns: dict, user: Callable, name: str, replacement: Callable) -> Iterator[None]:
+def replaced(ns: dict, user: Callable, name: str, replacement) -> Iterator[None]:
     """While the block runs, `name` is `replacement` in `ns` and in the globals `user` (the student's function
     that calls it) looks names up in; both are restored afterwards."""
     scopes = [ns]

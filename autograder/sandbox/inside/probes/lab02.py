@@ -4,7 +4,7 @@ tokens, distributions and cache lengths as plain data; nothing here judges."""
 from __future__ import annotations
 
 import torch
-from specdec_probe import call, get, plain, served
+from specdec_probe import call, get, plain, replaced, served
 
 
 def draft(ns: dict, inputs: dict) -> list:
@@ -58,12 +58,10 @@ def step(ns: dict, inputs: dict) -> dict:
 
 def with_served_pair(ns: dict, inputs: dict, work):
     """`work()` with the lab's `target` and `draft_model` (which `start` reads) pointed at the served pair."""
-    original = ns.get("target"), ns.get("draft_model")
-    ns["target"], ns["draft_model"] = served(inputs, "target"), served(inputs, "draft")
-    try:
+    start = get(ns, "start")
+    with replaced(ns, start, "target", served(inputs, "target")), \
+            replaced(ns, start, "draft_model", served(inputs, "draft")):
         return work()
-    finally:
-        ns["target"], ns["draft_model"] = original
 
 
 def step_checked(ns: dict, inputs: dict) -> dict:

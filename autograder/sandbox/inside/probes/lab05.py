@@ -3,7 +3,7 @@ and returns plain data (tokens, pools, offsets and masks); nothing here judges."
 
 from __future__ import annotations
 
-from specdec_probe import call, get, plain, served
+from specdec_probe import call, get, plain, replaced, served
 
 
 def prompt_lookup(ns: dict, inputs: dict) -> list:
@@ -19,14 +19,10 @@ def jacobi_decode(ns: dict, inputs: dict) -> list:
 
 def jacobi_decode_served(ns: dict, inputs: dict) -> list:
     """jacobi_decode with the lab's `target` (which its `logits_of` reads) pointed at a served model per case."""
-    f, original = get(ns, "jacobi_decode"), ns.get("target")
-    answers = []
-    try:
-        for i, case in enumerate(inputs["cases"]):
-            ns["target"] = served(inputs, f"case{i}")
+    f, answers = get(ns, "jacobi_decode"), []
+    for i, case in enumerate(inputs["cases"]):
+        with replaced(ns, f, "target", served(inputs, f"case{i}")):
             answers.append(call(f, list(case["prompt"]), case["n"]))
-    finally:
-        ns["target"] = original
     return answers
 
 
