@@ -106,6 +106,14 @@ def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, t
         assert head.config.variant == variant
         card = json.loads((zoo / "training.json").read_text())[folder]
         assert card["steps"] == section[variant]["run"]["steps"] and "acc1" in card
+        curve = card["learning_curve"]  # one point per evaluation, the last one the head's final figures
+        run = section[variant]["run"]
+        assert curve[-1]["tokens"] == card["tokens_seen"] == run["steps"] * run["batch_size"] * run["seq_len"]
+        assert [curve[-1][f"acc{d}"] for d in range(1, 5)] == [card[f"acc{d}"] for d in range(1, 5)]
+    from specdec_lab.train.card import scaling_curve
+
+    table = scaling_curve(json.loads((zoo / "training.json").read_text()))
+    assert "| eagle/ |" in table and "| eagle3/ |" in table and "depth 4" in table
     assert EagleHead.load(zoo / "eagle3", tiny_target).config.feature_layers == [0, 1, 2]
     saved = json.loads((zoo / "recipe.json").read_text())
     assert saved["medusa"] == {"heads": 3} and saved["eagle"]["eagle3"]["unroll_steps"] == 2

@@ -76,3 +76,40 @@ def test_stages_recording_side_by_side_lose_nothing(tmp_path):
         worker.join()
     record = json.loads((tmp_path / "training.json").read_text())
     assert len(record) == 600  # an unlocked read-modify-write loses some of the other process's sections
+
+
+def test_a_paused_draft_carried_to_a_new_machine_resumes_there(tmp_path, tiny_zoo):
+    """Both draft phases' carries are written against the target; a fresh work folder resumes from them
+    (only the remaining steps run), and finishing the stage removes the carries."""
+    import shutil
+
+    from specdec_lab.train.zoo import carry_folder, write_stage_carry
+
+    zoo, runs = tiny_zoo(tmp_path, tune=True)
+    run_stage("draft", zoo / "recipe.json", runs, max_minutes=0)  # paused after one step of phase one
+    state = write_stage_carry(zoo / "recipe.json", runs, "draft")
+    assert state["step"] == 1 and (carry_folder(zoo, "draft") / "against_target.txt").exists()
+    fresh = tmp_path / "fresh"  # the new machine: the caches it would rebuild, no checkpoint
+    (fresh / "tiny").mkdir(parents=True)
+    shutil.copy(runs / "tiny" / "streams.pt", fresh / "tiny" / "streams.pt")
+    outputs = against_target(fresh / "tiny", zoo) / "target_outputs.pt"
+    outputs.parent.mkdir()
+    shutil.copy(against_target(runs / "tiny", zoo) / "target_outputs.pt", outputs)
+    result = run_stage("draft", zoo / "recipe.json", fresh)
+    assert result["finished"] and result["steps"] == 5
+    steps_trained_here = [json.loads(line)["step"] for line in
+                          (against_target(fresh / "tiny", zoo) / "draft" / "log.jsonl").read_text().splitlines()]
+    assert steps_trained_here == [1, 2, 3]  # the carried step's record, then the two steps left
+    assert not (zoo / "carry").exists()
+
+
+def test_a_carry_made_against_another_target_is_not_resumed(tmp_path, tiny_zoo):
+    from specdec_lab.train.zoo import stage_carry, write_stage_carry
+
+    zoo, runs = tiny_zoo(tmp_path, tune=False)
+    run_stage("draft", zoo / "recipe.json", runs, max_minutes=0)
+    write_stage_carry(zoo / "recipe.json", runs, "draft")
+    assert stage_carry(zoo, "draft") is not None
+    make_llama(vocab_size=4096, hidden_size=32, num_layers=1, seed=1, eos_token_id=0).save_pretrained(
+        str(zoo / "target"))
+    assert stage_carry(zoo, "draft") is None  # distilled from the old target's weights

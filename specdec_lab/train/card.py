@@ -114,11 +114,31 @@ def eagle_summary(name: str, figures: dict) -> str:
     done = "" if figures.get("finished", True) else (
         f" Training was paused at step {figures['steps']} of {figures['planned_steps']} (the shared machine was "
         "saturated): this head is under-trained; `specdec train " + name + "` on a free machine trains it fully.")
+    depths = sorted(int(k[3:]) for k in figures if k.startswith("acc") and k[3:].isdigit())
+    agreement = " / ".join(f"{figures[f'acc{d}']:.2f}" for d in depths)
     return (f"## EAGLE head (`{name}/`)\n\nOne decoder layer over target layers {figures['feature_layers']} "
             f"({figures['parameters'] / 1e6:.2f}M parameters, {figures['unroll_steps']}-step training-time unroll), "
             f"{figures['tokens_seen'] / 1e3:.0f}k training tokens on {figures['hardware']}. Agreement with the "
-            f"target's top token at unroll steps 1/2/3: {figures['acc1']:.2f} / {figures['acc2']:.2f} / "
-            f"{figures['acc3']:.2f}.{done}")
+            f"target's top token at unroll depths {'/'.join(map(str, depths))}: {agreement}.{done}")
+
+
+def scaling_curve(results: dict) -> str:
+    """Both EAGLE heads' agreement at depths 1..4 against training tokens (their runs' evaluations)."""
+    heads = [name for name in ("eagle", "eagle3") if results.get(name, {}).get("learning_curve")]
+    if not heads:
+        return ""
+    depths = sorted(int(k[3:]) for k in results[heads[0]]["learning_curve"][0] if k.startswith("acc"))
+    lines = ["### EAGLE-1 and EAGLE-3 against training tokens\n\nAgreement of each head's top token with the "
+             "target's at unroll depths " + ", ".join(map(str, depths)) + " (the head fed its own features "
+             "after depth 1, as when drafting), on the validation windows, at each evaluation of its run. "
+             "Points are evaluations of one cosine-scheduled run, not separately tuned budgets.\n",
+             "| head | training tokens | " + " | ".join(f"depth {d}" for d in depths) + " |",
+             "|---" * (len(depths) + 2) + "|"]
+    for name in heads:
+        for point in results[name]["learning_curve"]:
+            values = " | ".join(f"{point[f'acc{d}']:.3f}" for d in depths)
+            lines.append(f"| {name}/ | {point['tokens'] / 1e6:.2f}M | {values} |")
+    return "\n".join(lines)
 
 
 def temperature_text(value: float | dict) -> str:
@@ -296,6 +316,9 @@ def write_model_card(zoo_dir: str | Path) -> Path:
             lines += ["", results[section]["card"]]
         elif section.startswith("eagle") and section in results:
             lines += ["", eagle_summary(section, results[section])]
+    curve = scaling_curve(results)
+    if curve:
+        lines += ["", curve]
     if "eagle_rank_temperature" in results:
         lines += ["", rank_temperature_fit(results["eagle_rank_temperature"])]
     if "eagle_heldout" in results:

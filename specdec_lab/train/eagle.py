@@ -32,14 +32,14 @@ from transformers import LlamaForCausalLM
 
 from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, additive_mask
 from specdec_lab.train.lm import fixed_eval_batches
-from specdec_lab.train.loop import hardware, train
+from specdec_lab.train.loop import hardware, read_log, train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
-from specdec_lab.train.zoo import against_target, record_result, training_data
+from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
 
 # Zoo folder and training.json entry of each variant.
 VARIANTS = {"eagle1": "eagle", "eagle3": "eagle3"}
-EVAL_STEPS = 3  # both variants are evaluated unrolled this far, so their figures compare
+EVAL_STEPS = 4  # both variants are evaluated unrolled this far (depths 1 to 4), so their figures compare
 
 
 @dataclass
@@ -112,10 +112,13 @@ def unroll(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, steps:
 
 
 @torch.no_grad()
-def target_view(target: LlamaForCausalLM, batch: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """The frozen target's per-layer hidden states and logits on a batch of windows."""
-    out = target(batch, output_hidden_states=True)
-    return out.hidden_states, out.logits
+def target_view(target: LlamaForCausalLM, batch: torch.Tensor,
+                bf16: bool = False) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The frozen target's per-layer hidden states and logits on a batch of windows (computed under bf16
+    autocast when `bf16`: the teacher's forward is most of a training step; returned in fp32 either way)."""
+    with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=bf16):
+        out = target(batch, output_hidden_states=True)
+    return tuple(h.float() for h in out.hidden_states), out.logits.float()
 
 
 def soft_cross_entropy(target_logits: torch.Tensor, head_logits: torch.Tensor) -> torch.Tensor:
@@ -124,10 +127,11 @@ def soft_cross_entropy(target_logits: torch.Tensor, head_logits: torch.Tensor) -
 
 
 def eagle_losses(head: EagleHead, target: LlamaForCausalLM, batch: torch.Tensor, steps: int,
-                 noise_width: float = 0.0, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+                 noise_width: float = 0.0, seed: int = 0, bf16_teacher: bool = False) -> list[dict[str, torch.Tensor]]:
     """Per unroll step: feature regression ("reg"), token cross-entropy ("cls") and agreement of the head's
-    argmax with the target's ("acc") on `batch` (B, L) of windows."""
-    hidden, logits = target_view(target, batch)
+    argmax with the target's ("acc") on `batch` (B, L) of windows (the target's forward under bf16
+    autocast when `bf16_teacher`)."""
+    hidden, logits = target_view(target, batch, bf16_teacher)
     chains = batch.shape[1] - steps
     features = head.fuse_features(tuple(h[:, :chains] for h in hidden))
     noise = None
@@ -148,7 +152,8 @@ def eagle_losses(head: EagleHead, target: LlamaForCausalLM, batch: torch.Tensor,
 
 
 def train_head(head: EagleHead, target: LlamaForCausalLM, data: TrainingMix, val_stream: torch.Tensor,
-               recipe: EagleRecipe, workdir: Path, desc: str, max_minutes: float | None = None) -> dict:
+               recipe: EagleRecipe, workdir: Path, desc: str, max_minutes: float | None = None,
+               carry: Path | None = None) -> dict:
     """Train `head` on the frozen `target`; returns validation figures (per-step agreement with the target's
     argmax when unrolled `EVAL_STEPS` steps, and the step-1 token loss) plus timing."""
     target.eval().requires_grad_(False)
@@ -158,7 +163,7 @@ def train_head(head: EagleHead, target: LlamaForCausalLM, data: TrainingMix, val
     def loss_on_batch(step: int) -> torch.Tensor:
         seed = run.seed * 1_000_003 + step
         batch = data.batch(run.batch_size, run.seq_len, seed)
-        per_step = eagle_losses(head, target, batch, recipe.unroll_steps, recipe.feature_noise, seed)
+        per_step = eagle_losses(head, target, batch, recipe.unroll_steps, recipe.feature_noise, seed, run.bf16)
         total = sum(recipe.reg_weight * r["reg"] + recipe.cls_weight * r["cls"] for r in per_step)
         return total / len(per_step)
 
@@ -170,11 +175,21 @@ def train_head(head: EagleHead, target: LlamaForCausalLM, data: TrainingMix, val
                     sums[name] = sums.get(name, 0.0) + r[key].item() / len(val)
         return {k: round(v, 4) for k, v in sorted(sums.items())}
 
-    result = train(head, loss_on_batch, evaluate, run, workdir, desc, max_minutes)
+    result = train(head, loss_on_batch, evaluate, run, workdir, desc, max_minutes, carry)
     if not result["finished"]:  # paused: report where the head stands now, not at its last evaluation
         with torch.no_grad():
             result.update(evaluate())
     return result
+
+
+def learning_curve(log_path: Path, run: RunConfig) -> list[dict]:
+    """The head's agreement with the target at unroll depths 1..EVAL_STEPS at each evaluation of its run,
+    against the training tokens seen by then (the small scaling curve the card and lesson 5 draw)."""
+    tokens_per_step = run.batch_size * run.seq_len
+    evaluations = {r["step"]: r for r in read_log(log_path) if "acc1" in r}  # a replayed step: its last record
+    return [{"tokens": step * tokens_per_step,
+             **{f"acc{s}": r[f"acc{s}"] for s in range(1, EVAL_STEPS + 1) if f"acc{s}" in r}}
+            for step, r in sorted(evaluations.items())]
 
 
 def eagle_section(recipe_path: Path, target_layers: int) -> dict[str, EagleRecipe]:
@@ -215,8 +230,8 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     head = EagleHead(config).attach(target)
     if recipe.init_from_layer is not None:
         head.init_from_target_layer(target, recipe.init_from_layer)
-    result = train_head(head, target, data, val_stream, recipe, against_target(workdir, zoo_dir) / variant,
-                        variant, max_minutes)
+    result = train_head(head, target, data, val_stream, recipe, phase_workdir(zoo_dir, workdir, variant),
+                        variant, max_minutes, stage_carry(zoo_dir, variant))
     if not result["finished"]:
         print(f"{variant}: paused at step {result['steps']}; run the same command again to resume")
         if not export_partial:
@@ -226,8 +241,11 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     result.update(parameters=sum(p.numel() for p in head.parameters()), feature_layers=config.feature_layers,
                   unroll_steps=recipe.unroll_steps, planned_steps=run.steps,
                   tokens_seen=result["steps"] * run.batch_size * run.seq_len,
+                  learning_curve=learning_curve(phase_workdir(zoo_dir, workdir, variant) / "log.jsonl", run),
                   wall_seconds_this_call=round(time.time() - started, 1))
     record_result(zoo_dir, VARIANTS[variant], result)
+    if result["finished"]:
+        drop_stage_carry(zoo_dir, VARIANTS[variant])
     return result
 
 

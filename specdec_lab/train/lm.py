@@ -97,22 +97,34 @@ def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_str
     return train(model, loss_on_batch, evaluate, run, workdir, "target", max_minutes, carry)
 
 
+def teacher_forward(target: LlamaForCausalLM, run: RunConfig, ids: torch.Tensor, **kwargs):
+    """The frozen target's forward on training windows, under bf16 autocast where `run.bf16` asks (the
+    teacher's forward is most of a draft or head step's cost, and it needs no gradient)."""
+    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=run.bf16):
+        return target(ids, **kwargs)
+
+
 def distill_draft(draft: LlamaForCausalLM, target: LlamaForCausalLM, data: TrainingMix,
                   val_stream: torch.Tensor, run: RunConfig, workdir: Path,
-                  max_minutes: float | None = None) -> dict:
+                  max_minutes: float | None = None, teacher_temperature: float = 1.0,
+                  carry: Path | None = None) -> dict:
     """Train the draft on KL(p_target || q_draft); returns its validation loss and greedy agreement.
 
     data: where training windows come from (corpus, optionally mixed with target-written text);
-    val_stream: corpus validation tokens; run: optimisation settings; workdir: checkpoints and log.
+    val_stream: corpus validation tokens; run: optimisation settings; workdir: checkpoints and log;
+    teacher_temperature: below 1, the draft learns the target's distribution sharpened (logits divided by
+    it), which moves its mass toward the target's top token, the one greedy verification accepts;
+    carry: a committed copy of an unfinished run to resume from (see `loop.write_carry`).
     """
     target.eval().requires_grad_(False)
     val = fixed_eval_batches(val_stream, run)
+    forward = training_forward(draft, run)
 
     def loss_on_batch(step: int) -> torch.Tensor:
         batch = data.batch(run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
-        with torch.no_grad():
-            p_log = F.log_softmax(target(batch[:, :-1]).logits, dim=-1)
-        q_log = F.log_softmax(draft(batch[:, :-1]).logits, dim=-1)
+        teacher = teacher_forward(target, run, batch[:, :-1]).logits.float()
+        p_log = F.log_softmax(teacher / teacher_temperature, dim=-1)
+        q_log = F.log_softmax(forward(batch[:, :-1]).logits.float(), dim=-1)
         return F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
 
     def evaluate() -> dict:
@@ -123,4 +135,4 @@ def distill_draft(draft: LlamaForCausalLM, target: LlamaForCausalLM, data: Train
             count += same.numel()
         return {"val_loss": mean_loss(draft, val), "greedy_agreement": agree / count}
 
-    return train(draft, loss_on_batch, evaluate, run, workdir, "draft", max_minutes)
+    return train(draft, loss_on_batch, evaluate, run, workdir, "draft", max_minutes, carry)

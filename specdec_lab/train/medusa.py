@@ -28,7 +28,7 @@ from specdec_lab.train.lm import fixed_eval_batches, sample_batch
 from specdec_lab.train.loop import train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
-from specdec_lab.train.zoo import against_target, record_result, training_data
+from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
 from specdec_lab.tree import expected_accepted, sparse_tree
 
 SECTION = "medusa"
@@ -117,8 +117,10 @@ def rank_accuracy(target: LlamaForCausalLM, heads: MedusaHeads, batches: list[to
 
 
 def train_heads(target: LlamaForCausalLM, data: TrainingMix, val_stream: torch.Tensor,
-                config: MedusaRecipe, workdir: Path, max_minutes: float | None = None) -> tuple[MedusaHeads, dict]:
-    """Train fresh heads on the frozen `target` (resuming from `workdir`); returns them and the loop's result."""
+                config: MedusaRecipe, workdir: Path, max_minutes: float | None = None,
+                carry: Path | None = None) -> tuple[MedusaHeads, dict]:
+    """Train fresh heads on the frozen `target` (resuming from `workdir`, or from `carry` on a machine
+    without the checkpoint); returns them and the loop's result."""
     target.eval().requires_grad_(False)
     run = config.run
     torch.manual_seed(run.seed)
@@ -135,7 +137,7 @@ def train_heads(target: LlamaForCausalLM, data: TrainingMix, val_stream: torch.T
         top1 = rank_accuracy(target, heads, val, 1)[:, 0]
         return {f"head{k + 1}_top1": float(a) for k, a in enumerate(top1)}
 
-    result = train(heads, loss_on_batch, evaluate, run, workdir, "medusa", max_minutes)
+    result = train(heads, loss_on_batch, evaluate, run, workdir, "medusa", max_minutes, carry)
     return heads, result
 
 
@@ -261,8 +263,8 @@ def run_medusa_stage(recipe_path: str | Path, workdir: str | Path, max_minutes: 
         raise FileNotFoundError(f"the Medusa stage needs the zoo target in {zoo_dir / 'target'}; train it first")
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
     data, val_stream = training_data(recipe, zoo_dir, workdir, target)
-    heads, result = train_heads(target, data, val_stream, config, against_target(workdir, zoo_dir) / "medusa",
-                                 max_minutes)
+    heads, result = train_heads(target, data, val_stream, config, phase_workdir(zoo_dir, workdir, SECTION),
+                                 max_minutes, stage_carry(zoo_dir, SECTION))
     if not result["finished"]:
         print(f"medusa: paused at step {result['steps']}; run the same command again to resume")
         return result
@@ -293,4 +295,5 @@ def run_medusa_stage(recipe_path: str | Path, workdir: str | Path, max_minutes: 
         wall_seconds_this_call=round(time.time() - started, 1),
     )
     record_result(zoo_dir, SECTION, result)
+    drop_stage_carry(zoo_dir, SECTION)
     return result

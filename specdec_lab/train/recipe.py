@@ -82,6 +82,9 @@ class ZooRecipe:
     # Second draft phase, on a mix of corpus and target outputs (None: corpus distillation only).
     draft_tune_run: RunConfig | None = None
     target_outputs: TargetOutputs = field(default_factory=TargetOutputs)
+    # The draft distils the target's distribution divided by this temperature (below 1: sharpened toward the
+    # target's top token, which greedy acceptance rewards; 1: plain forward KL).
+    draft_teacher_temperature: float = 1.0
     # Held-out prompts on which the draft stage measures greedy acceptance (k = 4, 64 new tokens) after each
     # phase, so the card shows what the second phase bought (0: skip the measurement).
     phase_check_prompts: int = 100

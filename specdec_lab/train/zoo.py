@@ -39,18 +39,64 @@ def selection_quality(tokenizer) -> Callable[[LlamaForCausalLM], dict]:
     return lambda model: {f"selection_{k}": v for k, v in text_quality(model, tokenizer, prompts).items()}
 
 
-def carry_folder(zoo_dir: Path, stage: str) -> Path:
-    """Where an unfinished stage's committed carry lives (`specdec train carry` writes it; see loop.write_carry)."""
-    return zoo_dir / "carry" / stage
+def carry_folder(zoo_dir: Path, phase: str) -> Path:
+    """Where an unfinished training phase's committed carry lives (`specdec train STAGE --write-carry` writes
+    it; see loop.write_carry). Phases: "target", "draft", "draft-tune", "medusa", "eagle1", "eagle3"."""
+    return zoo_dir / "carry" / phase
+
+
+# The training phases of each stage, in order (the draft distils in two phases, each with its own checkpoint).
+STAGE_PHASES = {"target": ("target",), "draft": ("draft", "draft-tune"), "medusa": ("medusa",),
+                "eagle": ("eagle1",), "eagle3": ("eagle3",)}
+
+
+def phase_workdir(zoo_dir: Path, workdir: Path, phase: str) -> Path:
+    """The checkpoint folder of one phase in a recipe's work folder: the target's directly, every later
+    phase's under the folder named by the target it trains against (see `against_target`)."""
+    return workdir / "target" if phase == "target" else against_target(workdir, zoo_dir) / phase
+
+
+def stage_carry(zoo_dir: Path, phase: str) -> Path | None:
+    """The phase's carry folder, when there is one written against the zoo's current target (a carry made
+    against another target's weights is ignored: its draft or head learnt a different model)."""
+    folder = carry_folder(zoo_dir, phase)
+    if not (folder / "state.json").exists():
+        return None
+    if phase != "target":
+        written_against = (folder / "against_target.txt").read_text().strip()
+        if written_against != folder_digest(zoo_dir / "target"):
+            return None
+    return folder
 
 
 def write_stage_carry(recipe_path: str | Path, workdir: str | Path, stage: str) -> dict:
-    """Copy the unfinished `stage` of this recipe's run (its checkpoint in `workdir`) into the zoo's carry folder."""
+    """Copy every phase of `stage` that has a checkpoint in `workdir` into the zoo's carry folders; returns
+    the loop state of the last phase carried."""
     from specdec_lab.train.loop import write_carry
 
     recipe_path = Path(recipe_path)
-    recipe = ZooRecipe.load(recipe_path)
-    return write_carry(Path(workdir) / recipe.name / stage, carry_folder(recipe_path.parent, stage))
+    zoo_dir = recipe_path.parent
+    runs = Path(workdir) / ZooRecipe.load(recipe_path).name
+    state: dict = {}
+    for phase in STAGE_PHASES[stage]:
+        source = phase_workdir(zoo_dir, runs, phase)
+        if not (source / "checkpoint.pt").exists():
+            continue
+        dest = carry_folder(zoo_dir, phase)
+        state = write_carry(source, dest)
+        if phase != "target":
+            (dest / "against_target.txt").write_text(folder_digest(zoo_dir / "target") + "\n")
+    if not state:
+        raise FileNotFoundError(f"{stage}: no checkpoint under {runs} to carry")
+    return state
+
+
+def drop_stage_carry(zoo_dir: Path, stage: str) -> None:
+    """Remove a finished stage's carries (its exported weights replace them)."""
+    for phase in STAGE_PHASES[stage]:
+        shutil.rmtree(carry_folder(zoo_dir, phase), ignore_errors=True)
+    if (zoo_dir / "carry").is_dir() and not any((zoo_dir / "carry").iterdir()):
+        (zoo_dir / "carry").rmdir()
 
 
 def record_result(zoo_dir: Path, stage: str, result: dict) -> None:
@@ -148,17 +194,19 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
     train_stream, val_stream = streams
-    state = against_target(workdir, zoo_dir)
+    sharpen = recipe.draft_teacher_temperature
     result = distill_draft(draft, target, TrainingMix(train_stream), val_stream, recipe.draft_run,
-                           state / "draft", max_minutes)
+                           phase_workdir(zoo_dir, workdir, "draft"), max_minutes, sharpen,
+                           stage_carry(zoo_dir, "draft"))
     if not result["finished"]:
         return result
     checks = recipe.phase_check_prompts
     acceptance = {"corpus": heldout_acceptance(target, draft, tokenizer, checks)} if checks else {}
     if recipe.draft_tune_run is not None:
         mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream)
-        phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run, state / "draft-tune",
-                                  max_minutes)
+        phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run,
+                                  phase_workdir(zoo_dir, workdir, "draft-tune"), max_minutes, sharpen,
+                                  stage_carry(zoo_dir, "draft-tune"))
         if not phase_two["finished"]:
             return phase_two
         phase_two["steps"] += result["steps"]
@@ -197,7 +245,7 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
         if stage == "target":
             quality = selection_quality(tokenizer) if run.select_by else None
             result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes, quality,
-                                     carry_folder(zoo_dir, stage))
+                                     stage_carry(zoo_dir, stage))
             load_best(model, result, workdir / "target")
         else:
             result = train_draft(recipe, model, zoo_dir, workdir, (train_stream, val_stream), max_minutes)
@@ -205,7 +253,7 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
             print(f"{stage}: paused at step {result['steps']}; run the same command again to resume")
             return result
         export_fp16(model, zoo_dir / stage)
-        shutil.rmtree(carry_folder(zoo_dir, stage), ignore_errors=True)  # the finished stage replaces its carry
+        drop_stage_carry(zoo_dir, stage)
         corpus = load_corpus(val_percent=recipe.val_percent, test_folders=recipe.test_folders)
         result.update(parameters=sum(p.numel() for p in model.parameters()), tokens_seen=tokens_seen(recipe, stage),
                       corpus=corpus.describe())
