@@ -14,11 +14,12 @@ from specdec_lab.drafters.eagle import EagleDrafter, EagleHead
 from specdec_lab.drafters.jacobi import jacobi_decode
 from specdec_lab.drafters.lookahead import LookaheadDrafter
 from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
+from specdec_lab.drafters.suffix import SuffixDrafter
 from specdec_lab.models import ModelPair, load_model, load_pair, zoo_path
 from specdec_lab.sampling import SamplingConfig, process_logits
 from specdec_lab.stats import DecodeStats
 from specdec_lab.tree import DraftTree
-from specdec_lab.verify import Verdict, verify_greedy, verify_rejection
+from specdec_lab.verify import Verdict, verify_block, verify_greedy, verify_rejection
 
 __all__ = [
     "DecodeState", "DecodeStats", "Draft", "DraftModelDrafter", "Drafter", "GenerationOutput", "ModelPair",
@@ -28,4 +29,5 @@ __all__ = [
     "DraftTree", "MedusaDrafter", "MedusaHeads",
     "EagleDrafter", "EagleHead",
     "BatchGenerationOutput", "generate_batch",
+    "SuffixDrafter", "verify_block",
 ]

@@ -22,13 +22,15 @@ free, and speculation's advantage fades.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from specdec_lab.batch_cache import RaggedCache
+from specdec_lab.batch_cache import COMPACT_SHARE, COMPACT_SLACK, RaggedCache
+from specdec_lab.cache import CachePlan, cache_plan
 from specdec_lab.decode import context_limit, default_eos, model_device, prompt_to_list
 from specdec_lab.drafters.draft_model import DraftModelDrafter
 from specdec_lab.kernels import verify_batch
@@ -155,6 +157,8 @@ def generate_batch(
     seed: int = 0,
     eos_token_id: int | None = None,
     backend: str = "auto",
+    cache: str | None = None,
+    compile: bool = False,
 ) -> BatchGenerationOutput:
     """Generate for a batch of prompts at once, speculatively when given a draft model.
 
@@ -163,8 +167,31 @@ def generate_batch(
     max_new_tokens: one budget for all, or one per prompt; temperature / top_k / top_p: sampling settings applied
     to target and draft alike (temperature 0 = greedy); seed: seeds the batch's one random generator;
     eos_token_id: a sequence stops after emitting it (None = the model's own EOS); backend: verification backend
-    for `verify_batch` ("auto": Triton on CUDA, torch elsewhere).
+    for `verify_batch` ("auto": Triton on CUDA, torch elsewhere); cache: "dynamic" (growing caches, the default
+    without compile) or "static" (preallocated, the default with compile); compile: torch.compile the target's
+    and the draft's forwards (one graph per batch size and width fed; off by default).
     """
+    with cache_plan(batch_plan(target, prompts, drafter, max_new_tokens, cache, compile)):
+        return decode_batch(target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+                            backend)
+
+
+def batch_plan(target, prompts, drafter, max_new_tokens, cache: str | None, compile: bool) -> CachePlan:
+    """The cache plan of a batch: static caches sized for the longest row plus its budget, its drafts and the
+    holes that compaction tolerates (COMPACT_SHARE of the width, COMPACT_SLACK slots)."""
+    kind = cache if cache is not None else ("static" if compile else os.environ.get("SPECDEC_CACHE", "dynamic"))
+    if kind == "dynamic" and not compile:
+        return CachePlan(kind)
+    rows, budgets = check_prompts(target, prompts, max_new_tokens)
+    step = 2 * (drafter.k + 1) if isinstance(drafter, DraftModelDrafter) else 2
+    length = int((max(map(len, rows)) + max(budgets) + step) / (1 - COMPACT_SHARE)) + COMPACT_SLACK + step
+    mode = "reduce-overhead" if compile and model_device(target).type == "cuda" else None
+    return CachePlan(kind, length, compile, mode)
+
+
+def decode_batch(target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+                 backend) -> BatchGenerationOutput:
+    """The loop of `generate_batch` (inside the batch's cache plan)."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     rows, budgets = check_prompts(target, prompts, max_new_tokens)
     if drafter is not None and not isinstance(drafter, DraftModelDrafter):

@@ -14,14 +14,21 @@ invalid slot:
   which is the batched form of a crop.
 
 Rows that finish leave the batch (`select_rows`), so the forward shrinks with the batch.
+
+Under a static `cache_plan` the cache is preallocated (`specdec_lab.cache`): a forward then attends over the whole
+buffer through a 4-D mask (`valid`, the new tokens' causal mask, the unused tail hidden), crops only move its
+length, and compaction gathers the rows in place. With compiling on, every forward after the prefill goes through
+torch.compile; its shapes are (rows, tokens fed, slots), so a run compiles one graph per batch size and width fed
+(the width is k + 1 for the target and 1 or 2 for a draft model at every step; the batch shrinks as rows finish).
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
-from specdec_lab.cache import new_cache
+from specdec_lab.cache import is_static, new_cache, truncate
+from specdec_lab.forward import compiled_forward
 
 # Compact once the slots no row needs (the cache's width minus its longest row) exceed both of these:
 COMPACT_SLACK = 16  # slots
@@ -36,7 +43,7 @@ class RaggedCache:
 
     def __init__(self, model: torch.nn.Module, batch: int):
         self.model = model
-        self.cache: DynamicCache = new_cache(model)
+        self.cache: Cache = new_cache(model)
         device = next(model.parameters()).device
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.limit = int(getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -54,10 +61,33 @@ class RaggedCache:
         """
         positions = (self.lengths[:, None] + new_valid.long().cumsum(1) - 1).clamp(0, self.limit - 1)
         mask = torch.cat([self.valid, new_valid], dim=1).long()
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache,
-                         use_cache=True, logits_to_keep=keep)
+        static = is_static(self.cache)
+        attention = self.static_mask(new_valid) if static else mask
+        call = self.model
+        if static and self.cache.compile and self.valid.shape[1] > 0:  # the prefill runs eager
+            call = compiled_forward(self.model, self.cache.mode, (tuple(tokens.shape), attention.shape[-1], False))
+            if self.cache.mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
+        out = call(input_ids=tokens, attention_mask=attention, position_ids=positions, cache=self.cache,
+                   use_cache=True, logits_to_keep=keep)
         self.valid = mask.bool()
-        return out.logits.float()
+        return out.logits.float().clone() if static and self.cache.mode == "reduce-overhead" else out.logits.float()
+
+    def static_mask(self, new_valid: torch.Tensor) -> torch.Tensor:
+        """The (B, 1, q, slots) additive mask over a static cache: each new token sees its row's valid slots and
+        the real new tokens up to itself; the unused tail of the buffer is hidden."""
+        width, (rows, fed) = self.valid.shape[1], new_valid.shape
+        slots = self.cache.layers[0].max_cache_len
+        if width + fed > slots:
+            raise RuntimeError(f"the static cache holds {slots} slots; {width} are in use and {fed} more were fed "
+                               "(the run's plan sized it too short)")
+        causal = torch.ones(fed, fed, dtype=torch.bool, device=new_valid.device).tril()
+        allowed = torch.zeros(rows, fed, slots, dtype=torch.bool, device=new_valid.device)
+        allowed[:, :, :width] = self.valid[:, None, :]
+        allowed[:, :, width : width + fed] = new_valid[:, None, :] & causal
+        dtype = self.model.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)[:, None]
 
     def keep(self, kept: torch.Tensor) -> None:
         """Roll rows back: slot j of row b stays only where `kept[b, j]` (B, slots) is True.
@@ -87,10 +117,17 @@ class RaggedCache:
         source = torch.zeros(len(lengths), width, dtype=torch.long, device=self.valid.device)
         rows, slots = self.valid.nonzero(as_tuple=True)
         source[rows, destination[rows, slots]] = slots
+        static = is_static(self.cache)
         for layer in self.cache.layers:
             index = source[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = layer.keys.gather(2, index)
-            layer.values = layer.values.gather(2, index)
+            if static:  # gather in place into the preallocated buffer, then move its length back
+                layer.keys[:, :, :width] = layer.keys.gather(2, index)
+                layer.values[:, :, :width] = layer.values.gather(2, index)
+            else:
+                layer.keys = layer.keys.gather(2, index)
+                layer.values = layer.values.gather(2, index)
+        if static:
+            truncate(self.cache, width)
         self.valid = torch.arange(width, device=lengths.device)[None, :] >= width - lengths[:, None]
 
     def select_rows(self, rows: torch.Tensor) -> None:

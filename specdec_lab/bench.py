@@ -37,7 +37,7 @@ from transformers.utils import logging as hf_logging
 
 from specdec_lab.cache import new_cache, truncate
 from specdec_lab.decode import default_eos, generate
-from specdec_lab.drafters import DraftModelDrafter, PromptLookupDrafter
+from specdec_lab.drafters import DraftModelDrafter, PromptLookupDrafter, SuffixDrafter
 from specdec_lab.models import ModelPair, load_pair, zoo_path
 from specdec_lab.stats import DecodeStats, rounded
 from specdec_lab.theory import alpha_from_tau, expected_speedup
@@ -63,7 +63,9 @@ class BenchConfig:
     temperature / top_k / top_p: sampling (temperature 0 = greedy); prompts: prompts per set; max_new_tokens:
     tokens per prompt; repeats: timed passes (median reported); warmup: untimed passes over the first prompt;
     threads: torch CPU threads (pinned); seed: base seed (prompt i uses seed + i); prompt_sets: which sets to
-    run; target / draft: model folders (None = the zoo); progress: show a tqdm bar.
+    run; target / draft: model folders (None = the zoo); progress: show a tqdm bar; compile: run every "ours"
+    method over a static cache with compiled forwards (the "-compiled" rows always do; compiled runners warm up
+    on every prompt, so the timed passes do not pay the compiles).
     """
 
     methods: list[str] | None = None
@@ -87,6 +89,7 @@ class BenchConfig:
     target: str | None = None
     draft: str | None = None
     progress: bool = True
+    compile: bool = False
 
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot work."""
@@ -187,7 +190,7 @@ def corpus_prompts(kind: str, tokenizer, count: int, max_tokens: int) -> list[Pr
 
 
 # Each family's own autoregressive loop: the reference of its measured-vs-predicted efficiency figures.
-OWN_AUTOREGRESSIVE = {"hf": BASELINE, "ours": "plain", "llama.cpp": "llamacpp"}
+OWN_AUTOREGRESSIVE = {"hf": BASELINE, "ours": "plain", "llama.cpp": "llamacpp", "vllm": "vllm"}
 
 
 class MethodUnavailable(Exception):
@@ -317,17 +320,29 @@ def hf_runner(context: BenchContext, **method_kwargs) -> Runner:
     return run
 
 
-def ours_runner(context: BenchContext, drafter) -> Runner:
-    """A runner around `specdec_lab.generate` with one drafter instance (None = plain decoding)."""
+def ours_runner(context: BenchContext, drafter, compile: bool | None = None) -> Runner:
+    """A runner around `specdec_lab.generate` with one drafter instance (None = plain decoding); compile: compiled
+    forwards over a static cache (None: as the config says)."""
     config = context.config
+    compile = config.compile if compile is None else compile
 
     def run(ids: list[int], seed: int) -> RunResult:
         out = generate(context.pair.target, ids, drafter=drafter, max_new_tokens=config.max_new_tokens,
                        temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, seed=seed,
-                       eos_token_id=context.eos_token_id)
+                       eos_token_id=context.eos_token_id, compile=compile)
         return RunResult(out.tokens, out.stats)
 
     return run
+
+
+def compiled_runner(context: BenchContext, name: str, drafter) -> Runner:
+    """A "-compiled" row: ours over static caches with compiled forwards. It runs only when asked for by name: its
+    first calls compile for minutes on a small CPU (and `--compile` already compiles every row of ours)."""
+    if context.config.compile:
+        raise MethodUnavailable("--compile compiles every row of ours already")
+    if not context.config.methods or name not in context.config.methods:
+        raise MethodUnavailable(f"compiles on first use (minutes on a small CPU): ask for it (--methods ...,{name})")
+    return ours_runner(context, drafter() if callable(drafter) else drafter, compile=True)
 
 
 def need_draft(context: BenchContext):
@@ -460,11 +475,22 @@ def all_methods() -> list[Method]:
     return [
         Method(BASELINE, "HF generate (baseline)", "hf", "autoregressive", lambda c: hf_runner(c)),
         Method("plain", "ours, autoregressive", "ours", "autoregressive", lambda c: ours_runner(c, None)),
+        Method("plain-compiled", "ours, autoregressive, static cache + torch.compile", "ours", "autoregressive",
+               lambda c: compiled_runner(c, "plain-compiled", None)),
         Method("hf-assisted", "HF assisted generation, draft model, k fixed", "hf", "chain", build_hf_assisted,
                draft_model=True),
         Method("draft", "ours, draft model (Leviathan / Chen)", "ours", "chain",
                lambda c: ours_runner(c, DraftModelDrafter(need_draft(c),
                                                           k=tuned(c.config, "draft").get("k", c.config.k))),
+               draft_model=True),
+        Method("draft-block", "ours, draft model, block verification (Sun et al.)", "ours", "chain",
+               lambda c: ours_runner(c, DraftModelDrafter(need_draft(c),
+                                                          k=tuned(c.config, "draft").get("k", c.config.k),
+                                                          verification="block")),
+               draft_model=True),
+        Method("draft-compiled", "ours, draft model, static caches + torch.compile", "ours", "chain",
+               lambda c: compiled_runner(c, "draft-compiled", lambda: DraftModelDrafter(
+                   need_draft(c), k=tuned(c.config, "draft").get("k", c.config.k))),
                draft_model=True),
         Method("draft-adaptive", "ours, draft model, adaptive k (stops when unsure)", "ours", "chain",
                lambda c: ours_runner(c, DraftModelDrafter(need_draft(c), k=c.config.adaptive_k,
@@ -472,6 +498,8 @@ def all_methods() -> list[Method]:
         Method("hf-lookup", "HF prompt lookup", "hf", "lookup", build_hf_lookup),
         Method("lookup", "ours, prompt lookup", "ours", "lookup",
                lambda c: ours_runner(c, PromptLookupDrafter(c.config.lookup_ngram, c.config.lookup_k))),
+        Method("suffix", "ours, suffix decoding (suffix index, frequency-weighted)", "ours", "lookup",
+               lambda c: ours_runner(c, SuffixDrafter())),
         Method("medusa", "ours, Medusa-1 heads, tree, lossless verification", "ours", "tree",
                optional_drafter(medusa, "MedusaDrafter", "medusa", make_medusa("rejection"))),
         Method("medusa-typical", "ours, Medusa-1 heads, typical acceptance (LOSSY)", "ours", "tree",
@@ -489,6 +517,7 @@ def all_methods() -> list[Method]:
         Method("lookahead", "ours, lookahead (Jacobi window + n-gram pool)", "ours", "tree",
                optional_drafter("specdec_lab.drafters.lookahead", "LookaheadDrafter", None, make_lookahead)),
         *llamacpp_methods(),
+        *vllm_methods(),
     ]
 
 
@@ -503,6 +532,24 @@ def llamacpp_methods() -> list[Method]:
                llamacpp.example_runner("llama-speculative-simple"), draft_model=True),
         Method("llamacpp-lookup", "llama.cpp lookup (prompt lookup)", "llama.cpp", "lookup",
                llamacpp.example_runner("llama-lookup")),
+    ]
+
+
+def vllm_methods() -> list[Method]:
+    """vLLM's rows, one engine load each (about 45 s on 2 cores; see specdec_lab/vllm.py). A method vLLM cannot
+    run on the zoo (the EAGLE heads' layouts, suffix decoding's missing package) is skipped with the reason."""
+    from specdec_lab import vllm
+
+    return [
+        Method("vllm", "vLLM, autoregressive", "vllm", "autoregressive", vllm.bench_runner("plain")),
+        Method("vllm-draft", "vLLM draft_model, k fixed", "vllm", "chain", vllm.bench_runner("draft"),
+               draft_model=True),
+        Method("vllm-ngram", "vLLM ngram (prompt lookup)", "vllm", "lookup", vllm.bench_runner("ngram")),
+        Method("vllm-suffix", "vLLM suffix decoding", "vllm", "lookup", vllm.bench_runner("suffix")),
+        Method("vllm-medusa", "vLLM Medusa, the zoo's heads converted (chain of top-1)", "vllm", "chain",
+               vllm.bench_runner("medusa")),
+        Method("vllm-eagle", "vLLM EAGLE-1, the zoo's head", "vllm", "chain", vllm.bench_runner("eagle")),
+        Method("vllm-eagle3", "vLLM EAGLE-3, the zoo's head", "vllm", "chain", vllm.bench_runner("eagle3")),
     ]
 
 
@@ -610,8 +657,12 @@ def time_methods(context: BenchContext, runners: dict[str, Runner], prompts: lis
     config = context.config
     records = {m.name: MethodRecord(m, [None] * len(prompts)) for m in methods}
     for _ in range(config.warmup):
-        for run in runners.values():
-            run(prompts[0].ids, config.seed)
+        for name, run in runners.items():
+            # A compiled forward compiles once per shape, and the prompts' lengths pick the static cache's size:
+            # warm compiled runners up on every prompt.
+            compiled = config.compile or name.endswith("-compiled")
+            for prompt in prompts if compiled else prompts[:1]:
+                run(prompt.ids, config.seed)
     for repeat in range(config.repeats):
         for record in records.values():
             record.seconds.append([0.0] * len(prompts))
@@ -792,7 +843,7 @@ def settings_dict(config: BenchConfig) -> dict:
     """The settings as recorded in the output (the progress flag is not a setting of the measurement)."""
     keys = ("k", "lookup_k", "lookup_ngram", "tree_tokens", "adaptive_k", "min_confidence", "temperature", "top_k",
             "top_p", "tuned", "prompts",
-            "max_new_tokens", "repeats", "warmup", "threads", "seed")
+            "max_new_tokens", "repeats", "warmup", "threads", "seed", "compile")
     return {key: getattr(config, key) for key in keys} | {"baseline": BASELINE}
 
 

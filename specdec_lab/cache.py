@@ -7,13 +7,24 @@ so that the cache holds exactly what plain decoding would have cached. In transf
 `new_cache` also swaps transformers' `DynamicLayer` for `GrowingLayer`, which appends in place: the stock
 layer concatenates, so every forward copies the whole cache, and speculative decoding, which forwards and
 crops at every step, pays that copy on every step.
+
+A static cache (gpt-fast's lesson) is the other kind: transformers' `StaticCache`, preallocated to the run's
+length, whose every forward attends over the whole buffer (the unused tail masked), so shapes never change and
+a compiled forward can be reused step after step. A rollback only moves its length back (`crop`), and a tree's
+accepted path is gathered in place, as for the growing cache. A run chooses the kind with `cache_plan`; every
+`new_cache` made inside it (the target's and the drafters') follows the plan.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import torch
-from transformers import DynamicCache, PreTrainedConfig
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache, PreTrainedConfig, StaticCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 MIN_CAPACITY = 64  # positions reserved by a layer's first append
 
@@ -68,33 +79,112 @@ def is_prefix_view(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
     return tensor.data_ptr() == buffer.data_ptr() and tensor.stride() == buffer.stride()
 
 
-def new_cache(model: torch.nn.Module | PreTrainedConfig) -> DynamicCache:
-    """An empty cache shaped for `model` (a model or its config), with in-place appends on full-attention layers."""
+CACHE_KINDS = ("dynamic", "static")
+MIN_STATIC_LENGTH = 256  # static caches are sized in powers of two from here, so runs share compiled graphs
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """How the caches of one run are kept.
+
+    kind: "dynamic" (a growing cache, the default) or "static" (preallocated, fixed shapes); length: the most
+    positions one static cache must hold (prompt + budget + the room a step's draft needs); compile: whether
+    forwards over a static cache go through `torch.compile` (see `specdec_lab.forward`); mode: torch.compile's
+    mode (None: its default; "reduce-overhead" captures CUDA graphs on CUDA).
+    """
+
+    kind: str = "dynamic"
+    length: int = 0
+    compile: bool = False
+    mode: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in CACHE_KINDS:
+            raise ValueError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {self.kind!r}")
+        if self.compile and self.kind != "static":
+            raise ValueError("compiled forwards need the static cache (cache='static'): a growing cache changes "
+                             "shape at every step")
+
+    @property
+    def static_length(self) -> int:
+        """The preallocated length: `length` rounded up to a power of two (at least MIN_STATIC_LENGTH)."""
+        size = MIN_STATIC_LENGTH
+        while size < self.length:
+            size *= 2
+        return size
+
+
+DEFAULT_PLAN = CachePlan()
+_PLAN: contextvars.ContextVar[CachePlan | None] = contextvars.ContextVar("specdec_cache_plan", default=None)
+
+
+@contextlib.contextmanager
+def cache_plan(plan: CachePlan) -> Iterator[CachePlan]:
+    """Within the block, `new_cache` makes the kind of cache `plan` says (the decode loops set it per run)."""
+    token = _PLAN.set(plan)
+    try:
+        yield plan
+    finally:
+        _PLAN.reset(token)
+
+
+def current_plan() -> CachePlan:
+    """The cache plan in force (the default: growing caches, eager forwards)."""
+    return _PLAN.get() or DEFAULT_PLAN
+
+
+class RunStaticCache(StaticCache):
+    """transformers' `StaticCache`, labelled with how forwards over it run (`compile`, `mode`)."""
+
+    def __init__(self, config: PreTrainedConfig, max_cache_len: int, compile: bool = False,
+                 mode: str | None = None):
+        super().__init__(config=config, max_cache_len=max_cache_len)
+        self.compile = compile
+        self.mode = mode
+
+
+def new_cache(model: torch.nn.Module | PreTrainedConfig, allow_static: bool = True) -> Cache:
+    """An empty cache shaped for `model` (a model or its config), of the kind the current `cache_plan` says.
+
+    Dynamic (the default): in-place appends on full-attention layers. Static: preallocated to the plan's
+    length. allow_static: False for callers whose forwards build their own masks over the cached length only
+    (they always get a dynamic cache).
+    """
     config = model if isinstance(model, PreTrainedConfig) else model.config
+    plan = current_plan()
+    if plan.kind == "static" and allow_static:
+        return RunStaticCache(config, plan.static_length, plan.compile, plan.mode)
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 
-def cache_length(cache: DynamicCache) -> int:
+def is_static(cache: Cache) -> bool:
+    """Whether `cache` is preallocated (its forwards attend over the whole buffer)."""
+    return isinstance(cache, StaticCache)
+
+
+def cache_length(cache: Cache) -> int:
     """Number of positions currently cached."""
-    return cache.get_seq_length()
+    return int(cache.get_seq_length())
 
 
-def truncate(cache: DynamicCache, length: int) -> None:
-    """Roll the cache back to its first `length` positions (no-op if it is not longer)."""
+def truncate(cache: Cache, length: int) -> None:
+    """Roll the cache back to its first `length` positions (no-op if it is not longer); a static cache only
+    moves its length back (the next forward overwrites the rows that were cut)."""
     extra = cache_length(cache) - length
     if extra > 0:
         cache.crop(-extra)
 
 
-def keep_positions(cache: DynamicCache, start: int, kept: torch.Tensor) -> None:
+def keep_positions(cache: Cache, start: int, kept: torch.Tensor) -> None:
     """Keep the first `start` positions plus the positions `start + kept` (in that order), drop the rest.
 
     Used after tree verification: the accepted root-to-leaf path is scattered over the tree's slots, and
     the next step must see it as a contiguous prefix, exactly as sequential decoding would have cached it.
     Only the kept rows move (gathered, then written in place after the first `start`), so the cost follows the
-    path's length, not the context's, and a `GrowingLayer` keeps appending in place afterwards.
+    path's length, not the context's, and a `GrowingLayer` keeps appending in place afterwards (a static
+    layer's `keys` is its whole buffer: the same in-place gather, then its length moves back).
     """
     rows = start + kept
     with torch.inference_mode():  # caches filled under inference mode may only be written in place under it

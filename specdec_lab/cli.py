@@ -4,6 +4,7 @@
     specdec demo
     specdec train all
     specdec tune --out profile.json          # then: specdec generate ... --tuned profile.json
+    specdec sweep --html sweep.html          # alpha and tau against temperature, one figure
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def load_for_cli(args):
         raise SystemExit(f"error: {error}") from None
 
 
+COMPILE_HELP = ("static KV cache and torch.compile'd forwards (the first call of each shape compiles, seconds to a "
+                "minute; later processes reuse inductor's on-disk cache)")
+
+
 def cmd_generate(args) -> None:
     import specdec_lab as sd
 
@@ -63,7 +68,8 @@ def cmd_generate(args) -> None:
     try:
         out = sd.generate(pair.target, ids, drafter=build_drafter(args.method, pair, args.k),
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, tuned=args.tuned)
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, tuned=args.tuned,
+                          compile=args.compile)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
     print(args.prompt + pair.tokenizer.decode(out.tokens))
@@ -163,7 +169,8 @@ def cmd_bench(args) -> None:
                          top_k=args.top_k, top_p=args.top_p,
                          prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          warmup=args.warmup, threads=args.threads, seed=args.seed,
-                         prompt_sets=tuple(args.sets.split(",")), target=args.target, draft=args.draft)
+                         prompt_sets=tuple(args.sets.split(",")), target=args.target, draft=args.draft,
+                         compile=args.compile)
     try:
         result = run_benchmark(config)
     except (ValueError, FileNotFoundError) as error:
@@ -177,6 +184,26 @@ def cmd_bench(args) -> None:
         print(f"wrote {report.write_atomic(args.markdown, report.markdown_report(result))}")
 
 
+def cmd_sweep(args) -> None:
+    from specdec_lab import report
+    from specdec_lab.sweep import SweepConfig, run_sweep
+
+    try:
+        config = SweepConfig(temperatures=tuple(float(t) for t in args.temperatures.split(",")),
+                             methods=args.methods.split(",") if args.methods else None, prompts=args.prompts,
+                             max_new_tokens=args.max_new_tokens, seeds=args.seeds, k=args.k,
+                             tree_tokens=args.tree_tokens, threads=args.threads, seed=args.seed, target=args.target,
+                             draft=args.draft)
+        result = run_sweep(config)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+    print(report.sweep_table(result))
+    if args.json:
+        print(f"wrote {report.write_json(result, args.json)}")
+    if args.html:
+        print(f"wrote {report.write_sweep_html(result, args.html)}")
+
+
 def cmd_tune(args) -> None:
     import json
 
@@ -186,7 +213,7 @@ def cmd_tune(args) -> None:
         pair = load_for_cli(args) if args.target or args.draft else None
         temperatures = [float(t) for t in args.temperatures.split(",")]
         profile = tune(pair, prompts=args.prompts, max_new_tokens=args.max_new_tokens, temperatures=temperatures,
-                       threads=args.threads)
+                       threads=args.threads, compile=args.compile)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
     with open(args.out, "w") as handle:
@@ -228,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
     gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: 0)")
+    gen.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     gen.add_argument("--tuned", metavar="PROFILE", help="take the draft length / tree budget from a `specdec tune` "
                      "profile (methods draft and eagle)")
     add_model_options(gen)
@@ -255,9 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="Hugging Face generate vs every method, side by side, on held-out prompts")
     bench.add_argument("--methods", help="comma-separated subset, e.g. plain,draft,hf-assisted (default: all that "
-                       "exist: hf-generate plain hf-assisted draft draft-adaptive hf-lookup lookup medusa "
-                       "medusa-typical eagle eagle-adaptive eagle-tree eagle-tree-top eagle3-tree lookahead; "
-                       "the hf-generate baseline always runs)")
+                       "exist: hf-generate plain hf-assisted draft draft-block draft-adaptive hf-lookup lookup "
+                       "suffix medusa medusa-typical eagle eagle-adaptive eagle-tree eagle-tree-top eagle3-tree "
+                       "lookahead; the hf-generate baseline always runs)")
     bench.add_argument("--k", type=int, default=4, help="tokens drafted per step by draft models (default: 4)")
     bench.add_argument("--lookup-k", type=int, default=10, help="most tokens drafted by prompt lookup (default: 10)")
     bench.add_argument("--tree-tokens", type=int, default=16,
@@ -280,11 +308,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=1, help="untimed warm-up passes (default: 1)")
     bench.add_argument("--threads", type=int, default=2, help="torch CPU threads, pinned (default: 2)")
     bench.add_argument("--seed", type=int, default=0, help="base sampling seed; prompt i uses seed + i")
+    bench.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     bench.add_argument("--json", metavar="PATH", help="write the raw figures as JSON")
     bench.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with charts")
     bench.add_argument("--markdown", metavar="PATH", help="write the tables as Markdown (what the README shows)")
     add_model_options(bench)
     bench.set_defaults(func=cmd_bench)
+
+    sweep = sub.add_parser("sweep", help="alpha and tau against the sampling temperature for the draft model, EAGLE "
+                           "chain and trees, Medusa (lossless and typical); a plotly figure with --html")
+    sweep.add_argument("--temperatures", default="0,0.3,0.7,1.0,1.3",
+                       help="comma-separated temperatures, 0 = greedy (default: 0,0.3,0.7,1.0,1.3)")
+    sweep.add_argument("--methods", help="comma-separated subset of: draft draft-block eagle-chain eagle-tree-sampled "
+                       "eagle-tree-top medusa medusa-typical (default: all)")
+    sweep.add_argument("--prompts", type=int, default=3, help="held-out prompts (default: 3)")
+    sweep.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt (default: 32)")
+    sweep.add_argument("--seeds", type=int, default=2, help="sampled runs per prompt and temperature (default: 2)")
+    sweep.add_argument("--k", type=int, default=4, help="draft length of the chains (default: 4)")
+    sweep.add_argument("--tree-tokens", type=int, default=16, help="nodes per EAGLE tree (default: 16)")
+    sweep.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    sweep.add_argument("--seed", type=int, default=0, help="base sampling seed (default: 0)")
+    sweep.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    sweep.add_argument("--html", metavar="PATH", help="write the figure and table as a self-contained HTML page")
+    add_model_options(sweep)
+    sweep.set_defaults(func=cmd_sweep)
 
     tune = sub.add_parser("tune", help="measure this device's cost curve and acceptance; choose k and the tree "
                           "budget that maximise predicted tokens/s; write a JSON profile")
@@ -294,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--temperatures", default="0,1",
                       help="comma-separated temperatures to choose for: 0 = greedy, one > 0 = sampled (default: 0,1)")
     tune.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    tune.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     add_model_options(tune)
     tune.set_defaults(func=cmd_tune)
 

@@ -17,10 +17,15 @@ along, as in transformers' assisted generation. Drafters that need the target's 
 A drafter may return a tree instead of a chain (`Draft.parents`, see `specdec_lab.tree`): the forward then
 runs over [last token] + every node with the tree attention mask and position ids, verification walks the
 tree, and the cache keeps only the accepted path's entries, in order (`tree_step`).
+
+Every forward goes through `specdec_lab.forward.forward`, over the caches the run's `CachePlan` asks for:
+growing caches and eager forwards by default; `cache="static"` preallocates them; `compile=True` also
+compiles the forwards (static shapes, lengths bucketed), gpt-fast's lesson.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,14 +33,18 @@ from pathlib import Path
 
 import torch
 
-from specdec_lab.cache import cache_length, keep_positions, new_cache, truncate
+from specdec_lab.cache import CachePlan, cache_length, cache_plan, keep_positions, new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.drafters.draft_model import DraftModelDrafter
+from specdec_lab.drafters.prompt_lookup import PromptLookupDrafter
+from specdec_lab.forward import QUERY_BUCKETS, forward
 from specdec_lab.sampling import SamplingConfig, draw, make_generator, process_logits
 from specdec_lab.stats import DecodeStats
-from specdec_lab.tree import DraftTree, additive_mask
+from specdec_lab.tree import DraftTree
 from specdec_lab.verify import (
     TreeVerdict,
     Verdict,
+    verify_block,
     verify_greedy,
     verify_rejection,
     verify_tree_greedy,
@@ -168,11 +177,22 @@ class Clock:
         return now
 
 
+def plan_for(run: RunSetup, drafter: Drafter | None, cache: str | None, compile: bool) -> CachePlan:
+    """The cache plan of one run: the kind of cache (None: static when compiling, else `$SPECDEC_CACHE` or
+    dynamic), sized to the prompt, the budget and the room one step's draft may take (a bucketed chain for
+    plain decoding and the chain drafters, twice that for drafters that may propose trees with extra rows).
+    `SPECDEC_CACHE=static` runs a whole test suite over static caches."""
+    kind = cache if cache is not None else ("static" if compile else os.environ.get("SPECDEC_CACHE", "dynamic"))
+    chain_only = drafter is None or isinstance(drafter, DraftModelDrafter | PromptLookupDrafter)
+    room = QUERY_BUCKETS[-1] * (1 if chain_only else 2)
+    mode = "reduce-overhead" if compile and run.device.type == "cuda" else None
+    return CachePlan(kind, len(run.prompt) + run.budget + room, compile, mode)
+
+
 def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, keep: int):
     """Run the target on `tokens` after its cache; return (logits of the last `keep` positions, per-layer
     hidden states of every position or None)."""
-    out = target(input_ids=tokens[None], cache=cache, use_cache=True, output_hidden_states=want_hidden,
-                 logits_to_keep=keep)
+    out = forward(target, cache, tokens, keep=keep, hidden=want_hidden)
     hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
     return out.logits[0].float(), hidden
 
@@ -208,9 +228,12 @@ def choose_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
 
 def verify_chain(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
                  generator: torch.Generator) -> Verdict:
-    """Apply the chain rule that fits the sampling settings: greedy matching, or lossless rejection."""
+    """Apply the chain rule that fits the sampling settings: greedy matching, or lossless rejection, token by
+    token or, when the draft asks for it (`Draft.verification == "block"`), jointly (block verification)."""
     if sampling.greedy:
         return verify_greedy(draft.tokens, logits)
+    if draft.verification == "block":
+        return verify_block(draft.tokens, process_logits(logits, sampling), draft.probs, generator)
     return verify_rejection(draft.tokens, process_logits(logits, sampling), draft.probs, generator)
 
 
@@ -263,8 +286,7 @@ def tree_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool
         raise ValueError("a tree draft needs the target prefilled on the prompt first: a drafter that proposes "
                          "trees must not set drafts_from_prompt")
     feed, positions, visible = tree_inputs(tree, draft, state.tokens[-1], past)
-    out = target(input_ids=feed[None], cache=cache, attention_mask=additive_mask(visible, past, target.dtype),
-                 position_ids=positions, use_cache=True, output_hidden_states=want_hidden)
+    out = forward(target, cache, feed, visible, positions, hidden=want_hidden)
     slots = len(tree) + 1
     logits = out.logits[0, :slots].float()
     state.extra_logits = out.logits[0, slots:].float() if draft.extra_tokens is not None else None
@@ -293,6 +315,8 @@ def generate(
     eos_token_id: int | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
     tuned: str | Path | dict | None = None,
+    cache: str | None = None,
+    compile: bool = False,
 ) -> GenerationOutput:
     """Generate up to `max_new_tokens` tokens after `input_ids` with `target`, speculatively if given a drafter.
 
@@ -302,8 +326,11 @@ def generate(
     emitting this id (None = the model's own EOS); on_step: called with a `StepRecord` after every
     verification step (for visualisations); tuned: a profile written by `specdec tune` (path or dict): the
     drafter's draft length or tree budget is set from it for this run's temperature (a draft-model or EAGLE
-    drafter; the drafter is changed in place). The output is distributed exactly as target-only sampling,
-    unless the drafter explicitly asks for a LOSSY rule (Medusa's typical acceptance,
+    drafter; the drafter is changed in place); cache: "dynamic" (growing caches, the default without
+    compile) or "static" (preallocated to the run, the default with compile); compile: compile the target's
+    and the drafter's forwards with torch.compile (off by default: the first call of each shape compiles,
+    seconds to a minute; later processes reuse inductor's on-disk cache). The output is distributed exactly as
+    target-only sampling, unless the drafter explicitly asks for a LOSSY rule (Medusa's typical acceptance,
     `MedusaDrafter(acceptance="typical")`), whose output is not.
     """
     run = RunSetup.check(target, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id)
@@ -313,6 +340,13 @@ def generate(
         from specdec_lab.tune import apply_profile
 
         apply_profile(drafter, tuned, temperature)
+    with cache_plan(plan_for(run, drafter, cache, compile)):
+        return decode_run(target, run, drafter, seed, on_step)
+
+
+def decode_run(target: torch.nn.Module, run: RunSetup, drafter: Drafter | None, seed: int,
+               on_step: Callable[[StepRecord], None] | None) -> GenerationOutput:
+    """The loop of `generate` for validated settings `run` (inside the run's cache plan)."""
     sampling, prompt, eos, budget, device = run.sampling, run.prompt, run.eos, run.budget, run.device
     stats = DecodeStats()
     clock = Clock(stats, device)
@@ -370,5 +404,5 @@ def generate(
     stats.new_tokens = len(new_tokens)
     stats.total_seconds = clock.now() - started
     if stopped is None:
-        stopped = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context"
+        stopped = "max_new_tokens" if len(new_tokens) >= run.max_new_tokens else "context"
     return GenerationOutput(new_tokens, stats, stopped)

@@ -515,7 +515,9 @@ def engine_tree_rules(module: ModuleType) -> Iterator[None]:
     context) and node i becomes node i + 1. Their `tree_position_ids`, `tree_attention_mask` and `tree_mask_4d`
     build the forward's inputs; their `verify_tree` (greedy) or `verify_tree_sampling` decides.
     """
-    originals = decode.tree_inputs, decode.additive_mask, decode.verify_tree
+    from specdec_lab import forward
+
+    originals = decode.tree_inputs, forward.additive_mask_over, decode.verify_tree
     current: dict[str, list[int]] = {}
 
     def tree_inputs(tree: DraftTree, draft, root: int, past: int):
@@ -525,7 +527,8 @@ def engine_tree_rules(module: ModuleType) -> Iterator[None]:
         positions = torch.as_tensor(module.tree_position_ids(parents, past), device=feed.device).reshape(1, -1)
         return feed, positions, torch.as_tensor(module.tree_attention_mask(parents), device=feed.device)
 
-    def additive_mask(visible: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
+    def additive_mask(visible: torch.Tensor, past: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        # the export runs on the growing cache, whose mask is exactly past + fed tokens wide
         return torch.as_tensor(module.tree_mask_4d(current["parents"], past, dtype), device=visible.device)
 
     def verify_tree(tree: DraftTree, draft, logits: torch.Tensor, sampling, generator) -> TreeVerdict:
@@ -544,11 +547,11 @@ def engine_tree_rules(module: ModuleType) -> Iterator[None]:
         last = path[-1] + 1 if path else 0
         return TreeVerdict(len(path), int(token), bool(tree.children()[last]), path)
 
-    decode.tree_inputs, decode.additive_mask, decode.verify_tree = tree_inputs, additive_mask, verify_tree
+    decode.tree_inputs, forward.additive_mask_over, decode.verify_tree = tree_inputs, additive_mask, verify_tree
     try:
         yield
     finally:
-        decode.tree_inputs, decode.additive_mask, decode.verify_tree = originals
+        decode.tree_inputs, forward.additive_mask_over, decode.verify_tree = originals
 
 
 def lab03_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.Method]:

@@ -27,6 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec_lab.engines import EngineUnavailable, acceptance, agreement, cache_root, course_tau, engine_stats
+
+__all__ = ["agreement"]  # shared with the vLLM runner (specdec_lab.engines); kept here for existing callers
+
 VERSION = "0.3.36"  # the llama-cpp-python release whose vendor/llama.cpp we build (llama.cpp at that commit)
 BINARIES = ("llama-speculative-simple", "llama-lookup")
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
@@ -49,13 +53,13 @@ __attribute__((destructor)) static void specdec_flush_llama_log() {
 FLUSH_LOG = "libspecdec_flush_log.so"
 
 
-class LlamaCppUnavailable(RuntimeError):
+class LlamaCppUnavailable(EngineUnavailable):
     """llama.cpp is not built here (or cannot be); the message says why and what to run."""
 
 
 def home() -> Path:
     """Where the sources and the build live (outside the repository, shared by every checkout)."""
-    default = Path.home() / ".cache" / "specdec-lab" / f"llama.cpp-{VERSION}"
+    default = cache_root() / f"llama.cpp-{VERSION}"
     return Path(os.environ.get("SPECDEC_LLAMACPP_HOME", default))
 
 
@@ -283,11 +287,11 @@ class ExampleRun:
 
     @property
     def tau(self) -> float:
-        return self.new_tokens / max(1, self.new_tokens - self.accepted)
+        return course_tau(self.new_tokens, self.accepted)
 
     @property
     def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return acceptance(self.drafted, self.accepted)
 
 
 def parse_report(log: str) -> dict[str, float]:
@@ -332,32 +336,18 @@ def generated_text(stdout: str, prompt: str) -> str:
     return stdout[len(head):].removesuffix("\n\n")
 
 
-def agreement(ours: list[int], theirs: list[int]) -> tuple[float, int | None]:
-    """Share of positions where two greedy outputs agree, and the first position where they differ (None if
-    they never do). Positions after the first difference rarely agree: the texts have gone separate ways."""
-    length = max(len(ours), len(theirs), 1)
-    same = sum(a == b for a, b in zip(ours, theirs, strict=False))
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
-    if first is None and len(ours) != len(theirs):
-        first = min(len(ours), len(theirs))
-    return same / length, first
-
-
 # ------------------------------------------------------------------------------------------ bench rows
 
 
 def zoo_files(context) -> dict[str, Path]:
     """The GGUF files of the bench's pair, or MethodUnavailable (the rows run on the zoo pair, greedy)."""
     from specdec_lab.bench import MethodUnavailable
-    from specdec_lab.models import zoo_path
+    from specdec_lab.engines import require_zoo_pair
 
     reason = missing()
     if reason:
         raise MethodUnavailable(reason)
-    if context.config.temperature != 0:
-        raise MethodUnavailable("the llama.cpp rows run greedy (temperature 0) only")
-    if Path(context.pair.target.name_or_path).resolve() != (zoo_path() / "target").resolve():
-        raise MethodUnavailable("the llama.cpp rows run on the zoo pair only (its GGUF conversion)")
+    require_zoo_pair(context, "llama.cpp", greedy_only=True)
     return convert_zoo()
 
 
@@ -384,7 +374,6 @@ def example_runner(name: str):
 
     def build(context):
         from specdec_lab.bench import MethodUnavailable, RunResult
-        from specdec_lab.stats import DecodeStats
 
         files, config = zoo_files(context), context.config
         draft = files["draft"] if name == "llama-speculative-simple" else None
@@ -397,8 +386,7 @@ def example_runner(name: str):
             done = run_example(name, prompt, config.max_new_tokens, k, files["target"], draft,
                                threads=config.threads, seed=seed)
             tokens = context.pair.tokenizer(done.text, add_special_tokens=False)["input_ids"]
-            stats = DecodeStats(target_forwards=done.new_tokens - done.accepted, drafted=done.drafted,
-                                accepted=done.accepted, new_tokens=done.new_tokens)
+            stats = engine_stats(done.new_tokens, done.drafted, done.accepted)
             return RunResult(tokens[: config.max_new_tokens], stats, seconds=done.seconds)
 
         return run

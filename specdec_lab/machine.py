@@ -5,15 +5,17 @@ Two things go wrong on a shared or loaded CPU. First, torch's multi-threaded ker
 threads at the end of each operation; when other programs hold the cores, each of the thousands of small
 operations of a decode step waits for a time slice, and a run can take ten times longer with two threads than with
 one (measured on the course's 2-core machine). `settle_threads` picks a thread count that leaves the busy cores
-alone. Second, every wall-clock figure is slower than the model card's, and unevenly so: a ratio of two timed runs
-is only meaningful if the load stayed the same during both. `check_speed` times one target forward, compares it with
-the card's figure and says so when the machine is loaded.
+alone. Second, every wall-clock figure is slower than on a quiet machine, and unevenly so: a ratio of two timed runs
+is only meaningful if the load stayed the same during both. `check_speed` times one target forward and reads the
+load average. It compares the forward with the model card's only when the card was measured on the same kind of
+machine (`machine_kind`); on another machine a slower forward says nothing about load, and the check says so.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,18 @@ def cpu_cores() -> int:
 def load_average() -> float | None:
     """The 1-minute load average (runnable processes, ours included), or None where the OS has none."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def machine_kind() -> str:
+    """This machine in words, to tell whether a timing recorded elsewhere was taken on the same kind of machine:
+    the CPU's model name (from /proc/cpuinfo where there is one) and the cores this process may use."""
+    name = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            name = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{name or platform.processor() or platform.machine()}, {plural(cpu_cores(), 'core')}"
 
 
 def plural(count: int, noun: str) -> str:
@@ -81,7 +95,9 @@ class SpeedCheck:
 
     measured_ms / card_ms: median single-token forward after a 128-token cached prefix, now and in the card;
     threads / card_threads: torch threads now and when the card was measured; load / cores: the 1-minute load
-    average and the cores available.
+    average and the cores available; same_machine: the card was measured on this kind of machine (its recorded
+    `machine` equals `machine_kind()`, and the target runs on the CPU as the card's did), the only case in which
+    a slower forward than the card's means other programs are running; device: where the target runs.
     """
 
     measured_ms: float
@@ -90,6 +106,8 @@ class SpeedCheck:
     card_threads: int
     load: float | None
     cores: int
+    same_machine: bool = False
+    device: str = "cpu"
 
     @property
     def slowdown(self) -> float:
@@ -98,17 +116,24 @@ class SpeedCheck:
 
     @property
     def loaded(self) -> bool:
-        """True when timings taken now cannot be read like the card's: slow forwards, or every core busy."""
-        return self.slowdown >= LOADED_SLOWDOWN or (self.load is not None and self.load >= self.cores)
+        """True when other programs share the CPU: every core busy by the load average, or (on the card's kind of
+        machine only) a forward LOADED_SLOWDOWN times slower than the card's."""
+        busy = self.load is not None and self.load >= self.cores
+        return busy or (self.same_machine and self.slowdown >= LOADED_SLOWDOWN)
 
     def report(self) -> str:
         """What the check found, in words, with the warning a loaded machine needs."""
         load = f"load average {self.load:.1f} on {self.cores} cores" if self.load is not None else f"{self.cores} cores"
         now, card = plural(self.threads, "thread"), plural(self.card_threads, "thread")
-        line = (f"one target forward: {self.measured_ms:.2f} ms now ({now}) vs {self.card_ms:.2f} ms in the model card "
-                f"({card}): {self.slowdown:.1f}x; {load}")
+        line = (f"one target forward: {self.measured_ms:.2f} ms now ({now}, {self.device}) vs {self.card_ms:.2f} ms in "
+                f"the model card ({card}): {self.slowdown:.1f}x; {load}")
         if not self.loaded:
-            return line + ". The machine looks quiet: timings should be close to the card's."
+            if self.same_machine:
+                return line + ". The machine looks quiet: timings should be close to the card's."
+            return (line + ". The card was measured on another kind of machine (or device), so the forward times "
+                    "are not comparable and say nothing about load; the load average does not show a busy machine. "
+                    "Timings below describe this machine: tau counts forwards, and every speedup is a ratio of runs "
+                    "timed together, so both read the same on any machine.")
         return (line + ".\nTHIS MACHINE IS LOADED: other programs share the CPU, so every timing below is slower than "
                 "on a quiet machine, and unevenly so.\nA measured speedup compares two runs that met different "
                 "loads; speculation, which alternates many short draft forwards with target forwards, can come out "
@@ -118,7 +143,8 @@ class SpeedCheck:
 
 def check_speed(target: torch.nn.Module, zoo_dir: str | os.PathLike | None = None, repeats: int = 15,
                 verbose: bool = True) -> SpeedCheck:
-    """Time one single-token forward of `target` the way the model card did and compare it with the card.
+    """Time one single-token forward of `target` the way the model card did; compare it with the card's figure
+    when the card records this kind of machine (`machine` in its evaluation), and read the load average either way.
 
     target: the zoo target (the card's figure is for it); zoo_dir: the zoo whose card to read (default: shipped);
     repeats: timed forwards (the median counts); verbose: print `SpeedCheck.report()`.
@@ -128,8 +154,10 @@ def check_speed(target: torch.nn.Module, zoo_dir: str | os.PathLike | None = Non
     figures = card_figures(zoo_dir)
     with torch.inference_mode():
         measured = forward_milliseconds(target, repeats=repeats)
+    device = str(next(target.parameters()).device)
+    same = device == "cpu" and figures.get("machine") == machine_kind()
     check = SpeedCheck(measured, float(figures["target_forward_ms"]), torch.get_num_threads(),
-                       int(figures.get("threads", 0)), load_average(), cpu_cores())
+                       int(figures.get("threads", 0)), load_average(), cpu_cores(), same, device)
     if verbose:
         print(check.report())
     return check

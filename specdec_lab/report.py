@@ -181,3 +181,34 @@ def write_html(result: dict, path: str | os.PathLike, title: str = "Speculative 
                intro: str = "") -> Path:
     """Write the HTML report (charts and tables, plotly.js included) to `path`; `intro` is trusted HTML."""
     return write_atomic(path, html_report(result, title, intro))
+
+
+# ----------------------------------------------------------------------------------------------- the sweep
+
+
+def sweep_table(result: dict) -> str:
+    """`specdec sweep`'s figures as a terminal table: per method, alpha and tau at each temperature."""
+    temperatures = result["settings"]["temperatures"]
+    settings = result["settings"]
+    lines = [f"{settings['prompts']} held-out prompts x {settings['max_new_tokens']} new tokens, {settings['seeds']} "
+             f"seeds per prompt when sampling, k {settings['k']}, tree budget {settings['tree_tokens']}",
+             f"{'method':<20}" + "".join(f"{f'T={t:g}':>14}" for t in temperatures) + "   (alpha / tau)"]
+    for name, row in result["methods"].items():
+        cells = "".join(f"{f'{a:.2f} / {t:.2f}':>14}" for a, t in zip(row["alpha"], row["tau"], strict=True))
+        lines.append(f"{name:<20}{cells}" + ("" if row["lossless"] else "   LOSSY"))
+    lines += [f"skipped {name}: {reason}" for name, reason in result.get("skipped", {}).items()]
+    return "\n".join(lines)
+
+
+def write_sweep_html(result: dict, path: str | os.PathLike,
+                     title: str = "Acceptance against temperature") -> Path:
+    """Write `specdec sweep`'s figure and table into one self-contained HTML page (plotly.js embedded)."""
+    from specdec_lab import viz
+
+    figure = viz.acceptance_vs_temperature(result["methods"]).to_html(full_html=False, include_plotlyjs=True)
+    table = html.escape(sweep_table(result))
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+            "<body style='font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em'>"
+            f"<h1>{html.escape(title)}</h1>{figure}<pre>{table}</pre>"
+            "<p>Dashed lines are LOSSY (their output is not distributed as the target's).</p></body></html>\n")
+    return write_atomic(path, page)

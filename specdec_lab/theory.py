@@ -5,10 +5,16 @@ the drafter proposes gamma tokens per step, and one drafter step costs c times o
 
 - tokens per target forward (tau, the bonus token included)  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)
 - walltime speedup over target-only decoding                 S = E[tokens] / (gamma * c + 1)
+- arithmetic operations per emitted token, over plain decoding (Theorem 3.11)
+                                                              (gamma c_hat + gamma + 1) / E[tokens]
 
-alpha itself is the expected overlap of the two distributions: alpha = E_context[sum_x min(p(x), q(x))]
-= 1 - E[total variation distance(p, q)]. These functions are the yardstick that lessons, widgets and the
-benchmark hold measured figures against.
+alpha (the per-token acceptance probability) is the expected overlap of the two distributions:
+alpha = E_context[sum_x min(p(x), q(x))] = 1 - E[total variation distance(p, q)]. It is not the share of drafted
+tokens that were accepted (accepted / drafted), which also counts the tokens drafted after a rejection.
+
+Decoding one token reads every weight once, so a step's time has a floor set by memory bandwidth
+(`weight_streaming_seconds`); that floor is what carries these formulas from the course's CPU to a large server.
+These functions are the yardstick that lessons, widgets and the benchmark hold measured figures against.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 
 def _check_alpha(alpha: float) -> float:
     if not isinstance(alpha, (int, float)) or math.isnan(alpha) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha (the acceptance rate) must be a number in [0, 1], got {alpha!r}")
+        raise ValueError(f"alpha (the per-token acceptance probability) must be a number in [0, 1], got {alpha!r}")
     return float(alpha)
 
 
@@ -116,3 +122,49 @@ def speedup_grid(alphas: Sequence[float], gammas: Sequence[int], c: float) -> li
     alphas: acceptance rates; gammas: draft lengths; c: draft-to-target cost ratio.
     """
     return [[expected_speedup(alpha, gamma, c) for alpha in alphas] for gamma in gammas]
+
+
+def _check_positive(value: float, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def speculative_step_seconds(gamma: int, draft_seconds: float, target_seconds: float) -> float:
+    """Wall time of one speculative step: gamma draft forwards, then one target forward that verifies them all.
+
+    gamma: tokens drafted per step; draft_seconds: one draft forward; target_seconds: one target forward
+    (verifying gamma + 1 positions is taken to cost one forward, as in `expected_speedup`). The step emits up to
+    gamma + 1 tokens; plain decoding needs gamma + 1 target forwards for as many.
+    """
+    gamma = _check_gamma(gamma)
+    return gamma * _check_cost(draft_seconds) + _check_positive(target_seconds, "target_seconds")
+
+
+def weight_streaming_seconds(parameters: float, bytes_per_parameter: float, bandwidth: float,
+                             devices: int = 1) -> float:
+    """The shortest time one plain decode step can take: every weight read once from memory.
+
+    parameters: the model's weights (70e9 for a 70B model); bytes_per_parameter: 2 for fp16/bf16, 1 for fp8 or
+    int8, 4 for fp32; bandwidth: one device's memory bandwidth in bytes/s; devices: devices the weights are split
+    over (tensor parallelism: each reads its share, all at once). Ignores the KV cache, which adds its own bytes
+    per sequence, and the time devices spend exchanging activations.
+    """
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a positive integer, got {devices!r}")
+    weight_bytes = _check_positive(parameters, "parameters") * _check_positive(bytes_per_parameter,
+                                                                               "bytes_per_parameter")
+    return weight_bytes / (_check_positive(bandwidth, "bandwidth") * devices)
+
+
+def arithmetic_operations_factor(alpha: float, gamma: int, c_hat: float) -> float:
+    """Expected arithmetic operations per emitted token, as a multiple of plain decoding's (Leviathan et al.,
+    Theorem 3.11): (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)).
+
+    alpha: per-token acceptance probability; gamma: tokens drafted per step; c_hat: arithmetic operations of one
+    draft token divided by those of one target token. Each step runs the target over gamma + 1 positions and the
+    draft over gamma, and emits `expected_tokens_per_step(alpha, gamma)` tokens. Above 1: speculation buys time
+    with extra arithmetic, which is free while the hardware waits on memory and costs time once it is busy.
+    """
+    c_hat = _check_cost(c_hat)
+    return (gamma * c_hat + gamma + 1.0) / expected_tokens_per_step(alpha, gamma)

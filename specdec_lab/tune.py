@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_lab.cache import new_cache, truncate
+from specdec_lab.cache import CachePlan, cache_plan, new_cache, truncate
 from specdec_lab.tree import DraftTree
 
 FORMAT = "specdec-tune/1"
@@ -157,18 +157,21 @@ def example_tree(nodes: int, device: torch.device, branching: int = 4) -> DraftT
 
 @torch.inference_mode()
 def measure_cost_curve(target: torch.nn.Module, prefix: list[int], tokens: Sequence[int] = TOKENS_FED,
-                       trials: int = 7) -> CostCurve:
+                       trials: int = 7, compile: bool = False) -> CostCurve:
     """Median forward time of `target` on each size in `tokens`, chain- and tree-shaped, after `prefix`.
 
     target: the model; prefix: the cached context (its last tokens are re-fed as input); tokens: sizes
-    (each at most len(prefix)); trials: timed forwards per case. Every case is timed once per round, in
-    turns, so a slow patch of a shared machine hits all sizes alike.
+    (each at most len(prefix)); trials: timed forwards per case; compile: time compiled forwards over a static
+    cache (as `generate(compile=True)` runs them; the warm-up round compiles). Every case is timed once per
+    round, in turns, so a slow patch of a shared machine hits all sizes alike.
     """
     from specdec_lab.tree import additive_mask
 
     if max(tokens) > len(prefix):
         raise ValueError(f"the prefix ({len(prefix)} tokens) must be at least as long as the largest size fed")
     device = next(target.parameters()).device
+    if compile:
+        return compiled_cost_curve(target, prefix, tokens, trials)
     cache = new_cache(target)
     target(input_ids=torch.tensor([prefix], device=device), cache=cache, use_cache=True, logits_to_keep=1)
     past = len(prefix)
@@ -190,12 +193,40 @@ def measure_cost_curve(target: torch.nn.Module, prefix: list[int], tokens: Seque
     return CostCurve(list(tokens), [median["chain", n] for n in tokens], [median["tree", n] for n in tokens])
 
 
+def compiled_cost_curve(target: torch.nn.Module, prefix: list[int], tokens: Sequence[int], trials: int) -> CostCurve:
+    """`measure_cost_curve` for compiled forwards over a static cache sized as a decode run's would be."""
+    from specdec_lab.forward import QUERY_BUCKETS, forward
+
+    device = next(target.parameters()).device
+    with cache_plan(CachePlan("static", len(prefix) + 2 * QUERY_BUCKETS[-1], compile=True)):
+        cache = new_cache(target)
+    forward(target, cache, torch.tensor(prefix, device=device), keep=1)
+    past = len(prefix)
+    cases = []
+    for n in tokens:
+        feed = torch.tensor(prefix[-n:], device=device)
+        cases.append(("chain", n, dict(tokens=feed, keep=n)))
+        tree = example_tree(n - 1, device)
+        cases.append(("tree", n, dict(tokens=feed, visible=tree.visibility().to(device),
+                                      positions=tree.position_ids(past))))
+    times: dict[tuple[str, int], list[float]] = {(shape, n): [] for shape, n, _ in cases}
+    for _ in range(trials + 1):  # the first round warms up (and compiles)
+        for shape, n, kwargs in cases:
+            started = time.perf_counter()
+            forward(target, cache, **kwargs)
+            times[shape, n].append(time.perf_counter() - started)
+            truncate(cache, past)
+    median = {key: statistics.median(values[1:]) for key, values in times.items()}
+    return CostCurve(list(tokens), [median["chain", n] for n in tokens], [median["tree", n] for n in tokens])
+
+
 def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_tokens: int, temperature: float,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, compile: bool = False) -> dict:
     """Run `make_drafter()` over the calibration prompts; pooled steps, drafting time and wall time.
 
     target: the model; prompts: token ids; make_drafter: returns a fresh drafter (None: plain decoding);
-    max_new_tokens / temperature / seed: the generation settings (prompt i uses seed + i).
+    max_new_tokens / temperature / seed: the generation settings (prompt i uses seed + i); compile: compiled
+    forwards (`generate(compile=True)`).
     """
     from specdec_lab.decode import generate
 
@@ -203,7 +234,7 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
               "new_tokens": 0, "forwards": 0, "prefill_seconds": 0.0}
     for i, ids in enumerate(prompts):
         stats = generate(target, ids, drafter=make_drafter(), max_new_tokens=max_new_tokens,
-                         temperature=temperature, seed=seed + i).stats
+                         temperature=temperature, seed=seed + i, compile=compile).stats
         pooled["accepted_per_step"] += stats.accepted_per_step
         pooled["drafted"] += stats.drafted
         pooled["draft_seconds"] += stats.draft_seconds
@@ -241,30 +272,30 @@ def step_overhead(run: dict, curve: CostCurve, fed: int, shape: str) -> float:
 
 def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                        curve: CostCurve, tree_grid: dict = TREE_GRID,
-                       chain_k: int = CHAIN_K) -> tuple[list[Candidate], float, dict]:
+                       chain_k: int = CHAIN_K, compile: bool = False) -> tuple[list[Candidate], float, dict]:
     """Measure every candidate of every available method at one temperature.
 
     pair: the `ModelPair` (its draft may be None); head: an `EagleHead` for the target, or None; prompts:
     calibration token ids; max_new_tokens / temperature: generation settings; curve: the device's forward
     costs (to separate each run's overhead from its forwards); tree_grid: the EAGLE tree settings to try
-    (total_tokens, depth, top_k); chain_k: the longest chain. Returns (candidates, the plain decoding seconds
-    per step, notes such as the alpha the sampled trees assumed).
+    (total_tokens, depth, top_k); chain_k: the longest chain; compile: compiled forwards. Returns
+    (candidates, the plain decoding seconds per step, notes such as the alpha the sampled trees assumed).
     """
     from specdec_lab.drafters.draft_model import DraftModelDrafter
     from specdec_lab.drafters.eagle import EagleDrafter
 
-    plain = run_calibration(pair.target, prompts, lambda: None, max_new_tokens, temperature)
+    plain = run_calibration(pair.target, prompts, lambda: None, max_new_tokens, temperature, compile=compile)
     plain_step = plain["total_seconds"] / max(plain["forwards"], 1)
     candidates: list[Candidate] = []
     notes: dict = {}
     if pair.draft is not None:
         run = run_calibration(pair.target, prompts, lambda: DraftModelDrafter(pair.draft, k=chain_k), max_new_tokens,
-                              temperature)
+                              temperature, compile=compile)
         candidates += chain_candidates("draft", run["accepted_per_step"], run["drafted"], run["draft_seconds"],
                                        chain_k, "k", step_overhead(run, curve, chain_k + 1, "chain"))
     if head is not None:
         run = run_calibration(pair.target, prompts, lambda: EagleDrafter(head, mode="chain", depth=chain_k),
-                              max_new_tokens, temperature)
+                              max_new_tokens, temperature, compile=compile)
         chain = chain_candidates("eagle", run["accepted_per_step"], run["drafted"], run["draft_seconds"], chain_k,
                                  "depth", step_overhead(run, curve, chain_k + 1, "chain"))
         candidates += chain
@@ -279,7 +310,7 @@ def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int
             if temperature > 0:
                 settings["alpha"] = notes["alpha"]
             run = run_calibration(pair.target, prompts, lambda s=settings: EagleDrafter(head, mode="tree", **s),
-                                  max_new_tokens, temperature)
+                                  max_new_tokens, temperature, compile=compile)
             steps = max(run["steps"], 1)
             tau = 1 + sum(run["accepted_per_step"]) / steps
             candidates.append(Candidate("eagle-tree", settings, tau, run["draft_seconds"] / steps, nodes + 1, "tree",
@@ -289,14 +320,16 @@ def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int
 
 def tune(pair=None, head=None, prompts: int = 6, max_new_tokens: int = 48, temperatures: Sequence[float] = (0.0, 1.0),
          threads: int | None = 2, tree_grid: dict = TREE_GRID, chain_k: int = CHAIN_K, trials: int = 7,
-         log=print) -> dict:
+         log=print, compile: bool = False) -> dict:
     """Measure this device and choose each method's settings; returns the profile (a JSON-ready dict).
 
     pair: a `ModelPair` (None = the zoo pair); head: an `EagleHead` (None = the zoo's EAGLE head when the
     target is the zoo's, else no EAGLE methods); prompts / max_new_tokens: the calibration workload, from the
     corpus's training split; temperatures: the settings to choose for (0 = greedy; > 0 = sampled, recorded
     under "sampled"); threads: torch CPU threads (None = leave as is); tree_grid / chain_k: the candidates;
-    trials: timed forwards per size of the cost curve; log: where progress lines go (None = silent).
+    trials: timed forwards per size of the cost curve; log: where progress lines go (None = silent); compile:
+    measure and calibrate with compiled forwards over static caches (`generate(compile=True)`), so the choices
+    fit runs with `compile=True` (recorded in the profile).
     """
     from specdec_lab.bench import describe_machine
     from specdec_lab.models import load_pair, zoo_path
@@ -316,7 +349,7 @@ def tune(pair=None, head=None, prompts: int = 6, max_new_tokens: int = 48, tempe
     while len(prefix) < max(TOKENS_FED):
         prefix = prefix + prefix
     log("measuring the target's forward time against the tokens fed ...")
-    curve = measure_cost_curve(pair.target, prefix, TOKENS_FED, trials)
+    curve = measure_cost_curve(pair.target, prefix, TOKENS_FED, trials, compile=compile)
     log(format_curve(curve))
     profile = {"format": FORMAT, "device": describe_machine(torch.get_num_threads()),
                "models": {"target": getattr(pair.target.config, "_name_or_path", "") or "zoo target",
@@ -325,13 +358,14 @@ def tune(pair=None, head=None, prompts: int = 6, max_new_tokens: int = 48, tempe
                "cost_curve": {"prefix_tokens": len(prefix), "tokens": curve.tokens,
                               "chain_ms": [round(s * 1e3, 4) for s in curve.chain_seconds],
                               "tree_ms": [round(s * 1e3, 4) for s in curve.tree_seconds]},
-               "calibration": {"split": "train", "prompts": len(ids), "max_new_tokens": max_new_tokens},
+               "calibration": {"split": "train", "prompts": len(ids), "max_new_tokens": max_new_tokens,
+                               "compile": compile},
                "choices": {}}
     for temperature in temperatures:
         key = "greedy" if temperature == 0 else "sampled"
         log(f"calibrating at temperature {temperature} ({len(ids)} training-split prompts x {max_new_tokens} tokens)")
         candidates, plain_step, notes = measure_candidates(pair, head, ids, max_new_tokens, temperature, curve,
-                                                           tree_grid, chain_k)
+                                                           tree_grid, chain_k, compile=compile)
         overhead = max(0.0, plain_step - curve.seconds(1))
         best = choose(candidates, curve)
         plain_tps = 1 / (curve.seconds(1) + overhead)

@@ -7,6 +7,9 @@ Chain rules (one candidate per position):
   probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a sample from the residual
   norm(max(0, p_i - q_i)); if every token is accepted, emit a bonus token sampled from p_k.
   A deterministic draft (n-gram lookup) is the special case q_i = one-hot(x_i).
+- `verify_block`: block verification (Sun, Mendlovic, Leviathan et al., ICLR 2025): the same inputs, but the
+  drafted block is judged jointly, from its last token backwards. Lossless as well, and in expectation it
+  never keeps fewer draft tokens than `verify_rejection`.
 
 Tree rules (a `DraftTree` of candidates below the root; the target scored every slot in one forward):
 
@@ -97,6 +100,115 @@ def verify_rejection(
     n = int(rejected[0])
     residual = residual_distribution(target_probs[n], draft_probs[n])
     return Verdict(n, int(sample(residual, generator)), resampled=True)
+
+
+def block_weights(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """The block rule's forward pass: p_0 = 1 and p_i = min(p_{i-1} * p(x_i) / q(x_i), 1) for i = 1..k.
+
+    p_x / q_x: (k,) the target's and the draft's probabilities of the k drafted tokens. Returns (k + 1,)
+    float64 weights, p_0 first. p_i is the probability that block verification keeps at least the first i
+    draft tokens, given those i tokens (see `verify_block`). A token with q(x) = 0 but p(x) > 0 has an infinite
+    ratio (weight 1); one with p(x) = q(x) = 0 gets weight 0, as `verify_rejection` would reject it.
+    """
+    weights = [1.0]
+    for p, q in zip(p_x.double().tolist(), q_x.double().tolist(), strict=True):
+        ratio = p / q if q > 0 else (float("inf") if p > 0 else 0.0)
+        weights.append(min(weights[-1] * ratio, 1.0) if weights[-1] > 0 else 0.0)  # never 0 * inf
+    return torch.tensor(weights, dtype=torch.float64)
+
+
+def block_residual(weight: float, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The block rule's unnormalised residual after keeping i draft tokens: max(p_i * p - q, 0).
+
+    weight: p_i from `block_weights`; p / q: the target's and the draft's distributions at position i + 1.
+    At i = 0 (weight 1) this is the token-wise residual max(p - q, 0).
+    """
+    return (weight * p.double() - q.double()).clamp(min=0)
+
+
+def block_stop_probabilities(weights: torch.Tensor, target_probs: torch.Tensor,
+                             draft_probs: torch.Tensor) -> torch.Tensor:
+    """h_0 .. h_k: the probability that the backward pass stops at i, given that it did not stop above i.
+
+    h_k = p_k; for i < k, with B_i = sum_x max(p_i * p_{i+1}(x) - q_{i+1}(x), 0) (the residual mass),
+    h_i = B_i / (B_i + 1 - p_i); h_0 = 1. weights: (k + 1,) from `block_weights`; target_probs: (k + 1, V);
+    draft_probs: (k, V). A 0 / 0 (B_i = 0 and p_i = 1) is a level the pass never reaches; it is set to 1.
+    """
+    k = len(weights) - 1
+    stop = torch.ones(k + 1, dtype=torch.float64)
+    stop[k] = weights[k]
+    for i in range(1, k):
+        mass = float(block_residual(float(weights[i]), target_probs[i], draft_probs[i]).sum())
+        denominator = mass + 1.0 - float(weights[i])
+        stop[i] = mass / denominator if denominator > 0 else 1.0
+    return stop
+
+
+def verify_block(
+    draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Block verification of a chain of k draft tokens (Sun, Mendlovic, Leviathan et al., ICLR 2025, Alg. 2).
+
+    draft_tokens: the k proposed ids x_1..x_k; target_probs: processed target distributions p at the k + 1
+    positions (row i scores x_{i+1}; row k follows the whole draft); draft_probs: processed draft distributions
+    q at the k positions the tokens were sampled from, or None for a deterministic draft (q = one-hot);
+    generator: source of randomness. The same inputs and verdict as `verify_rejection`.
+
+        sample eta_1 .. eta_k ~ U(0, 1)
+        p_0 = 1
+        for i = 1 .. k:                                   # forward: one weight per kept prefix
+            p_i = min(p_{i-1} * p(x_i) / q(x_i), 1)
+            h_i = sum_x max(p_i p_{i+1}(x) - q_{i+1}(x), 0) / (same sum + 1 - p_i)     (h_k = p_k)
+        for i = k, k - 1, .., 0:                          # backward: keep the longest prefix that passes
+            if eta_i < h_i (h_0 = 1): tau = i; stop
+        if tau = k: next token ~ p_{k+1}                  # the bonus token, as in token-wise verification
+        else:       next token ~ norm(max(p_tau * p_{tau+1} - q_{tau+1}, 0))
+        emit x_1 .. x_tau, next token
+
+    Why it is lossless. Claim, for every i and every drafted prefix x_1..x_i: P(tau >= i | x_1..x_i) = p_i,
+    and given tau >= i the tokens after x_1..x_i are distributed as the target's continuation. At i = 0 (p_0
+    = 1) that is the whole statement. Induction from i = k down: at k, tau = k with probability p_k and the
+    bonus token is drawn from p_{k+1}. At i < k, write p = p_{i+1}, q = q_{i+1} (both given x_1..x_i) and
+    w = p_i. The next token y is x_{i+1} kept (tau >= i + 1) or the residual sample (tau = i):
+      P(tau >= i + 1, x_{i+1} = y) = q(y) min(w p(y) / q(y), 1) = min(w p(y), q(y))     (induction)
+      P(tau < i + 1) = sum_y max(q(y) - w p(y), 0) = B + 1 - w,   B = sum_y max(w p(y) - q(y), 0)
+      P(tau = i, y) = (B + 1 - w) * h_i * max(w p(y) - q(y), 0) / B = max(w p(y) - q(y), 0)
+    (eta_i is independent of the levels above, and h_i depends on x_1..x_i only). The two add up to
+    min(w p(y), q(y)) + max(w p(y) - q(y), 0) = w p(y): tau >= i with probability w, and then y ~ p. After
+    y the continuation is the target's: by induction when x_{i+1} was kept, by the next decoding step when y
+    was the residual sample.
+
+    Why it never keeps fewer tokens in expectation than token-wise verification. E[tau] = sum_i P(tau >= i)
+    for both rules. Token-wise, P(tau >= i | x_1..x_i) = prod_{j <= i} min(1, r_j) with r_j = p_j(x_j) / q_j(x_j).
+    Block-wise it is p_i = min(p_{i-1} r_i, 1) >= p_{i-1} min(r_i, 1) (as p_{i-1} <= 1), so by induction
+    p_i >= prod_{j <= i} min(1, r_j) for every drafted prefix: each prefix survives at least as often, and
+    E[tau] is at least token-wise's (the paper proves it is the best any valid verifier can do with these
+    inputs). A low ratio early in the block is no longer final: a later token the target likes more than the
+    draft did (r > 1) raises the weight back. Note that the inequality holds given each drafted *prefix*, not
+    given the whole block: a block whose later tokens the target dislikes can keep fewer tokens than token-wise
+    would on that block, and is paid back on the blocks it likes.
+
+    Greedy runs (p and q one-hot) reduce to greedy matching: p_i = 1 while the tokens match the argmax and
+    0 from the first mismatch; the decode loop calls `verify_greedy` there.
+    """
+    k = len(draft_tokens)
+    positions = torch.arange(k, device=target_probs.device)
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(draft_tokens, target_probs.shape[-1]).to(target_probs.dtype)
+    eta = torch.rand(k, generator=generator, device=target_probs.device).double().cpu()
+    weights = block_weights(target_probs[positions, draft_tokens], draft_probs[positions, draft_tokens])
+    stop = block_stop_probabilities(weights, target_probs, draft_probs)
+    kept = next((i for i in range(k, 0, -1) if eta[i - 1] < stop[i]), 0)
+    if kept == k:
+        return Verdict(k, int(sample(target_probs[k], generator)), resampled=False)
+    residual = block_residual(float(weights[kept]), target_probs[kept], draft_probs[kept])
+    if residual.sum() <= 0:  # only at a level reached with probability 0 (rounding): fall back to p, as
+        # `residual_distribution` does
+        residual = target_probs[kept].double()
+    return Verdict(kept, int(sample(residual.to(target_probs.dtype), generator)), resampled=True)
 
 
 # --- Trees ----------------------------------------------------------------------------------------------------

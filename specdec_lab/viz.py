@@ -320,3 +320,30 @@ def batch_scaling(batches: Sequence[int], plain: Sequence[float], speculative: S
     style(fig, title, "batch size (sequences decoded together)", "tokens / s (all sequences)")
     fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches])
     return fig
+
+
+def acceptance_vs_temperature(rows: Mapping[str, Mapping],
+                              title: str = "Acceptance against temperature: who keeps the gain as sampling heats up"
+                              ) -> go.Figure:
+    """Two panels, alpha and tau against the sampling temperature, one line per method (LOSSY methods dashed).
+
+    rows: per method name, a mapping with "label", "lossless" (bool) and equal-length lists "temperature",
+    "alpha" (share of verified draft positions kept) and "tau" (tokens per target forward), as
+    `specdec_lab.sweep.run_sweep` returns under "methods"; title: figure title.
+    """
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("alpha: draft positions kept / verified", "tau: tokens per target forward"))
+    for index, (name, row) in enumerate(rows.items()):
+        color = SEQUENCE[index % len(SEQUENCE)]
+        dash = "solid" if row["lossless"] else "dash"
+        for column, field in ((1, "alpha"), (2, "tau")):
+            fig.add_scatter(x=list(row["temperature"]), y=list(row[field]), mode="lines+markers", name=row["label"],
+                            legendgroup=name, showlegend=column == 1, line={"color": color, "dash": dash},
+                            row=1, col=column)
+    style(fig, title, height=440)
+    fig.update_xaxes(title_text="temperature (0 = greedy)")
+    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=1, col=2)
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0.0},
+                      margin={"b": 110})
+    return fig

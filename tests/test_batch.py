@@ -42,15 +42,17 @@ def assert_batch_matches(target, prompts, batch_tokens, references, label):
         check_greedy_equal(target, prompt, tokens, reference, f"{label}, sequence {i}")
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", ["plain", "draft model", "close draft", "draft = target"])
-def test_greedy_batch_equals_per_sequence_generate(name, tiny_target, tiny_draft, close_draft, prompts,
+def test_greedy_batch_equals_per_sequence_generate(name, cache, tiny_target, tiny_draft, close_draft, prompts,
                                                    plain_references):
     drafter = {"plain": None, "draft model": DraftModelDrafter(tiny_draft, k=4),
                "close draft": DraftModelDrafter(close_draft, k=3), "draft = target": DraftModelDrafter(tiny_target, 4)}
     batch = prompts[:10]
     assert len({len(p) for p in batch}) >= 5  # prompts of different lengths
-    out = generate_batch(tiny_target, batch, drafter=drafter[name], max_new_tokens=NEW_TOKENS, eos_token_id=-1)
-    assert_batch_matches(tiny_target, batch, out.tokens, plain_references, name)
+    out = generate_batch(tiny_target, batch, drafter=drafter[name], max_new_tokens=NEW_TOKENS, eos_token_id=-1,
+                         cache=cache)
+    assert_batch_matches(tiny_target, batch, out.tokens, plain_references, f"{name}, {cache} cache")
     assert out.stopped_by == ["max_new_tokens"] * len(batch)
     if name == "close draft":  # sequences really advanced by different amounts at the same step
         per_step = [s.accepted_per_step for s in out.stats]
@@ -60,7 +62,8 @@ def test_greedy_batch_equals_per_sequence_generate(name, tiny_target, tiny_draft
         assert out.forwards == 4 and all(s.acceptance_rate == 1.0 for s in out.stats)
 
 
-def test_compacting_the_cache_every_step_keeps_the_outputs(tiny_target, close_draft, prompts, plain_references,
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_compacting_the_cache_every_step_keeps_the_outputs(cache, tiny_target, close_draft, prompts, plain_references,
                                                            monkeypatch):
     monkeypatch.setattr(batch_cache, "COMPACT_SLACK", 0)
     monkeypatch.setattr(batch_cache, "COMPACT_SHARE", 0.0)
@@ -68,7 +71,7 @@ def test_compacting_the_cache_every_step_keeps_the_outputs(tiny_target, close_dr
     original = batch_cache.RaggedCache.compact
     monkeypatch.setattr(batch_cache.RaggedCache, "compact", lambda self: (compactions.append(1), original(self)))
     out = generate_batch(tiny_target, prompts[:10], drafter=DraftModelDrafter(close_draft, k=3),
-                         max_new_tokens=NEW_TOKENS, eos_token_id=-1)
+                         max_new_tokens=NEW_TOKENS, eos_token_id=-1, cache=cache)
     assert len(compactions) > 5
     assert_batch_matches(tiny_target, prompts[:10], out.tokens, plain_references, "compacted")
 
@@ -119,22 +122,25 @@ def known_pair():
     return make_bigram_llama(target_logits), make_bigram_llama(draft_logits, seed=1), [list(range(VOCAB)) + [0], [3]]
 
 
-def batched_first_tokens(target, draft, prompts, config: SamplingConfig, k: int) -> list[torch.Tensor]:
+def batched_first_tokens(target, draft, prompts, config: SamplingConfig, k: int,
+                         cache: str | None = None) -> list[torch.Tensor]:
     """Per prompt, counts (V, V, V) of the first three new tokens over COPIES copies of it in ONE batch."""
     batch = [p for p in prompts for _ in range(COPIES)]
     out = generate_batch(target, batch, drafter=DraftModelDrafter(draft, k=k), max_new_tokens=3,
                          temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, seed=5,
-                         eos_token_id=-1)
+                         eos_token_id=-1, cache=cache)
     counts = [torch.zeros((VOCAB,) * 3) for _ in prompts]
     for i, tokens in enumerate(out.tokens):
         counts[i // COPIES][tuple(tokens)] += 1
     return counts
 
 
-@pytest.mark.parametrize(("config", "k"), [(SamplingConfig(1.0), 1), (SamplingConfig(0.7, top_p=0.8), 2)])
-def test_each_sequence_of_a_sampled_batch_is_distributed_as_target_sampling(config, k, known_pair, chi_square):
+@pytest.mark.parametrize(("config", "k", "cache"), [(SamplingConfig(1.0), 1, "dynamic"),
+                                                    (SamplingConfig(0.7, top_p=0.8), 2, "dynamic"),
+                                                    (SamplingConfig(0.7, top_p=0.8), 2, "static")])
+def test_each_sequence_of_a_sampled_batch_is_distributed_as_target_sampling(config, k, cache, known_pair, chi_square):
     target, draft, prompts = known_pair
-    for prompt, counts in zip(prompts, batched_first_tokens(target, draft, prompts, config, k), strict=True):
+    for prompt, counts in zip(prompts, batched_first_tokens(target, draft, prompts, config, k, cache), strict=True):
         p_value = lossless_p_value(counts, exact_first_tokens(target, prompt, config), chi_square)
         assert p_value > 1e-3, f"prompt {prompt}, {config}: p = {p_value:.3g}"
 

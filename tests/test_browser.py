@@ -1,14 +1,15 @@
 """The course in a real browser: JupyterLab started by `make lab` on a temporary copy of the course, driven in
 Debian's Chromium by Playwright (`make test-browser`; excluded from `make test` by the `browser` marker).
 
-Checks: every lesson runs to the end with Run All, and no output shows "Loading widget", "Error displaying
-widget" or a widget's text repr; in lesson 02 a plotly figure is drawn, the quiz's options are not cut, a quiz
-question answered wrong then right shows the matching feedback, and the step-through's "next" changes the
-step shown and re-running shows a busy state; lesson 05's tree view redraws when its step slider moves; a
-lab opened as a student fails its first visible test with the stub's NotImplementedError, passes it once a
-solution is typed in, and nbgrader's Validate button reports; the benchmark's HTML report draws its charts
-with the network off; the grader's feedback page for a submission that puts scripts everywhere runs none of them.
-After every lesson was run and saved, `git status` in the copy is clean.
+Checks: the URL `make lab` prints opens the start notebook (the course map) with no Jupyter-news prompt and a file
+browser that lists course material only; every lesson runs to the end with Run All, and no output shows "Loading
+widget", "Error displaying widget" or a widget's text repr; in lesson 02 a plotly figure is drawn, the quiz's
+options are not cut, a quiz question answered wrong then right shows the matching feedback, and the step-through's
+"next" changes the step shown and re-running shows a busy state; lesson 05's tree view redraws when its step slider
+moves; a lab opened as a student fails its first visible test with the stub's NotImplementedError, passes it once a
+solution is typed in, and nbgrader's Validate button reports; the benchmark's HTML report draws its charts with the
+network off; the grader's feedback page for a submission that puts scripts everywhere runs none of them. After every
+lesson was run and saved, `git status` in the copy is clean.
 Screenshots of each check go to runs/browser-<UTC time>/ (or $SPECDEC_BROWSER_SHOTS).
 """
 
@@ -28,7 +29,8 @@ from lab_server import REPO, LabServer, copy_course, git, start_lab
 pytestmark = pytest.mark.browser
 
 CHROMIUM = Path("/usr/bin/chromium")
-LESSONS = sorted(p.name for p in (REPO / "lessons").glob("[0-9][0-9]_*.ipynb"))
+START = "00_start_here.ipynb"  # the course map: what `make lab` opens first
+LESSONS = sorted(p.name for p in (REPO / "lessons").glob("[0-9][0-9]_*.ipynb") if p.name != START)
 LESSON_02, LESSON_05 = "02_speculative_sampling.ipynb", "05_eagle.ipynb"
 LAB = "labs/lab01_sampling/lab01_sampling.ipynb"
 RUN_TIMEOUT_MS = 300_000  # one lesson's Run All on a busy 2-core machine
@@ -166,6 +168,33 @@ def mutation_seen(page, selector: str) -> None:
         new MutationObserver(() => { if (document.querySelector(selector)) window.__seen = true; })
             .observe(document.body, {subtree: true, childList: true, characterData: true});
     }""", selector)
+
+
+def test_make_lab_opens_the_course_map_first(page, server, course, shots):
+    from playwright.sync_api import expect
+
+    (course / "specdec_lab.egg-info").mkdir(exist_ok=True)  # what `pip install -e .` leaves in a real checkout
+    page.goto(server.url)  # exactly the address `make lab` printed, in a browser that never saw this server
+    notebook = page.locator(".jp-NotebookPanel:visible .jp-Notebook").first
+    expect(notebook.locator(".jp-RenderedMarkdown h1").first).to_contain_text("Start here", timeout=120_000)
+    expect(page.locator(".lm-TabBar-tab.lm-mod-current").filter(has_text=START).first).to_be_visible()
+    expect(notebook.locator("table").first).to_contain_text("Speculative sampling")
+    expect(notebook.locator("a[href*='lab01_sampling.ipynb']").first).to_be_visible()
+    names = page.locator(".jp-DirListing-item .jp-DirListing-itemText").all_inner_texts()
+    assert START in names and "01_why_decoding_is_slow.ipynb" in names, names  # the browser is in lessons/
+    assert not {"quizzes", "literature_figures.json"} & set(names), names
+    page.wait_for_timeout(8_000)  # JupyterLab asks about news a few seconds after it starts, when it asks
+    assert page.get_by_text("official Jupyter news").count() == 0
+    page.screenshot(path=shots / "00-start-here.png", full_page=True)
+    for session in sessions(server):  # the start notebook's kernel: not needed by the checks that follow
+        if session["path"].endswith(START):
+            request = urllib.request.Request(server.page(f"api/kernels/{session['kernel']['id']}"), method="DELETE")
+            urllib.request.urlopen(request, timeout=30).close()
+    # one level up, the repository root hides what is not course material
+    page.locator(".jp-BreadCrumbs-home").first.click()
+    expect(page.locator(".jp-DirListing-item .jp-DirListing-itemText", has_text="labs").first).to_be_visible()
+    root = page.locator(".jp-DirListing-item .jp-DirListing-itemText").all_inner_texts()
+    assert "lessons" in root and not {"specdec_lab.egg-info", "solutions", "autograder"} & set(root), root
 
 
 def test_lesson_02_widgets_plots_quiz_and_step_through(page, server, shots):

@@ -97,3 +97,27 @@ def test_every_zoo_method_prints_the_same_greedy_text_as_plain(capsys):
         texts[method] = out.partition("\n---\n")[0]
     assert len(texts["plain"]) > len("def area(radius):")
     assert all(text == texts["plain"] for text in texts.values()), texts
+
+
+def test_sweep_runs_a_tiny_setting_and_writes_its_figure(saved_models, tmp_path, capsys):
+    import json
+
+    html, data = tmp_path / "sweep.html", tmp_path / "sweep.json"
+    out, _ = run_cli(["sweep", "--temperatures", "0,1", "--methods", "draft,draft-block,medusa", "--prompts", "1",
+                      "--max-new-tokens", "4", "--seeds", "1", "--threads", "1", "--html", str(html),
+                      "--json", str(data),
+                      "--target", str(saved_models / "target"), "--draft", str(saved_models / "draft")], capsys)
+    result = json.loads(data.read_text())
+    assert set(result["methods"]) == {"draft", "draft-block"}
+    assert "medusa" in result["skipped"]  # the zoo's heads do not fit this tiny target: skipped with the reason
+    for row in result["methods"].values():
+        assert row["temperature"] == [0.0, 1.0] and all(0 <= a <= 1 for a in row["alpha"])
+        assert all(1 <= t <= 5 for t in row["tau"])  # k = 4: at most 4 kept + 1 per forward
+    page = html.read_text()
+    assert "plotly" in page and "draft model, block verification" in page and "T=1" in page
+    assert "draft-block" in out and "skipped medusa" in out
+
+
+def test_sweep_refuses_an_unknown_method(saved_models):
+    with pytest.raises(SystemExit, match="unknown method"):
+        main(["sweep", "--methods", "warp", "--target", str(saved_models / "target")])

@@ -346,9 +346,9 @@ def exact_first_tokens(target, prompt: list[int], config: SamplingConfig, count:
     return joint.reshape((VOCAB,) * count)
 
 
-def sampled_first_tokens(target, prompt, make_drafter, config: SamplingConfig, samples: int):
+def sampled_first_tokens(target, prompt, make_drafter, config: SamplingConfig, samples: int, cache: str | None = None):
     """Counts (V, V, V) of the first three new tokens over `samples` seeds, and how often the verified step
-    kept the draft (bonus token emitted) or rejected it (residual sample emitted)."""
+    kept the draft (bonus token emitted) or rejected it (residual sample emitted). cache: `generate`'s."""
     counts = torch.zeros((VOCAB,) * 3)
     branches = {"kept": 0, "rejected": 0}
 
@@ -359,7 +359,7 @@ def sampled_first_tokens(target, prompt, make_drafter, config: SamplingConfig, s
     drafter = make_drafter()
     for seed in range(samples):
         out = generate(target, prompt, drafter=drafter, max_new_tokens=3, temperature=config.temperature,
-                       top_k=config.top_k, top_p=config.top_p, seed=seed, on_step=count_branch)
+                       top_k=config.top_k, top_p=config.top_p, seed=seed, on_step=count_branch, cache=cache)
         counts[tuple(out.tokens)] += 1
     return counts, branches
 
@@ -394,3 +394,82 @@ def test_the_end_to_end_check_rejects_a_broken_rule(drafter_name, broken, known_
     counts, _ = sampled_first_tokens(target, prompt, make_drafter, config, LOSSLESS_SAMPLES)
     p_value = lossless_p_value(counts, exact_first_tokens(target, prompt, config), chi_square)
     assert p_value < BROKEN_ALPHA, f"{drafter_name}, {broken}: p = {p_value:.3g}"
+
+
+# --- The static cache: preallocated, rolled back by moving a length; the same outputs ------------------------------
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_static_cache_greedy_output_equals_hugging_face_generate(name, tiny_target, tiny_draft, prompts,
+                                                                greedy_references):
+    drafter = DRAFTERS[name](tiny_target, tiny_draft)
+    for prompt, reference in zip(prompts, greedy_references, strict=True):
+        out = generate(tiny_target, prompt, drafter=drafter, max_new_tokens=NEW_TOKENS, cache="static")
+        check_greedy_equal(tiny_target, prompt, out.tokens, reference, f"{name}, static cache, prompt {prompt}")
+
+
+@pytest.mark.parametrize("setting", ["temperature 1.0", "top-p 0.8, temperature 0.7"])
+def test_static_cache_sampling_is_distributed_as_target_sampling(setting, known_models, chi_square):
+    target, make_drafter, prompt = known_models["draft model"]
+    config = SETTINGS[setting]
+    counts, branches = sampled_first_tokens(target, prompt, make_drafter, config, LOSSLESS_SAMPLES, cache="static")
+    p_value = lossless_p_value(counts, exact_first_tokens(target, prompt, config), chi_square)
+    assert p_value > ALPHA, f"static cache, {setting}: p = {p_value:.3g}"
+    assert min(branches.values()) > LOSSLESS_SAMPLES // 10, branches
+
+
+def tree_drafters(target):
+    """One drafter of each tree kind: an EAGLE tree, a Medusa sparse tree, lookahead's window + n-gram tree."""
+    from test_eagle import random_head
+    from test_medusa import TREE, random_heads
+
+    from specdec_lab.drafters.eagle import EagleDrafter
+    from specdec_lab.drafters.lookahead import LookaheadDrafter
+    from specdec_lab.drafters.medusa import MedusaDrafter
+
+    return {"eagle tree": EagleDrafter(random_head(target), mode="tree", depth=4, top_k=3, total_tokens=10),
+            "medusa": MedusaDrafter(random_heads(target.config.hidden_size, 3, std=0.05, seed=0), tree=TREE),
+            "lookahead": LookaheadDrafter(window=3, ngram=3, pool_size=3)}
+
+
+def test_static_cache_trees_keep_greedy_output_and_gather_scattered_paths(tiny_target, prompts, greedy_references):
+    """Trees over the static cache: the accepted path's rows are gathered in place, lookahead's extra rows
+    dropped; every output is still target-only greedy decoding."""
+    scattered = 0
+
+    def count_scattered(step):
+        nonlocal scattered
+        path = getattr(step.verdict, "path", None)
+        scattered += bool(path) and path[-1] != len(path) - 1
+
+    for name, drafter in tree_drafters(tiny_target).items():
+        for prompt, reference in zip(prompts[:8], greedy_references, strict=False):
+            out = generate(tiny_target, prompt, drafter=drafter, max_new_tokens=NEW_TOKENS, cache="static",
+                           on_step=count_scattered)
+            check_greedy_equal(tiny_target, prompt, out.tokens, reference, f"{name}, static cache, prompt {prompt}")
+    assert scattered > 5  # the in-place gather of a non-contiguous path was exercised
+
+
+def test_static_cache_is_sized_to_the_run_and_shared_by_the_draft(tiny_target, tiny_draft, prompts):
+    """The plan preallocates prompt + budget + a step's room, rounded to a power of two; drafters follow it."""
+    from specdec_lab.cache import MIN_STATIC_LENGTH, RunStaticCache
+
+    made = []
+    original = decode.new_cache
+
+    def recording(model, *args, **kwargs):
+        made.append(original(model, *args, **kwargs))
+        return made[-1]
+
+    drafter = DraftModelDrafter(tiny_draft, k=3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "new_cache", recording)
+        generate(tiny_target, prompts[0], drafter=drafter, max_new_tokens=200, cache="static")
+    assert isinstance(made[0], RunStaticCache) and isinstance(drafter.cache, RunStaticCache)
+    needed = len(prompts[0]) + 200
+    length = made[0].layers[0].max_cache_len
+    assert length >= needed and length == max(MIN_STATIC_LENGTH, length) and length & (length - 1) == 0
+    with pytest.raises(ValueError, match="cache must be one of dynamic, static"):
+        generate(tiny_target, prompts[0], cache="paged")
+    with pytest.raises(ValueError, match="compiled forwards need the static cache"):
+        generate(tiny_target, prompts[0], cache="dynamic", compile=True)

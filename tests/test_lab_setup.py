@@ -53,7 +53,8 @@ def disabled_plugins(page: str) -> dict:
 
 def test_make_lab_prints_a_url_that_serves_the_lessons(server):
     log = server.log.read_text()
-    assert server.url.startswith("http://127.0.0.1:") and "/lab/tree/lessons?token=" in server.url
+    assert server.url.startswith("http://127.0.0.1:")
+    assert "/lab/tree/lessons/00_start_here.ipynb?token=" in server.url  # the course map opens first
     assert f"Or copy and paste one of these URLs:\n        {server.url}" in log
     if os.geteuid() == 0:
         assert "--allow-root" in log  # what lets JupyterLab start as root; the URL proves it started
@@ -69,6 +70,26 @@ def test_make_lab_prints_a_url_that_serves_the_lessons(server):
     assert not off.get("@jupyter/nbgrader:validate-assignment")
     assert not off.get("@jupyter/nbgrader:assignment-list")
     assert fetch(server.page("formgrader"))[0] == 404
+
+
+def test_the_students_file_browser_shows_course_material_only(server, course):
+    (course / "specdec_lab.egg-info").mkdir(exist_ok=True)  # what `pip install -e .` leaves in a real checkout
+    status, listing = fetch(server.page("api/contents"))
+    top = {item["name"] for item in json.loads(listing)["content"]}
+    assert status == 200 and {"lessons", "labs", "README.md"} <= top
+    assert not top & {"specdec_lab.egg-info", "solutions", "autograder", "runs"}
+    lessons = {item["name"] for item in json.loads(fetch(server.page("api/contents/lessons"))[1])["content"]}
+    assert "00_start_here.ipynb" in lessons and "quizzes" not in lessons and "literature_figures.json" not in lessons
+    # hidden from the listing only: the lessons still read their question banks
+    assert fetch(server.page("api/contents/lessons/quizzes/01_why_decoding_is_slow.json"))[0] == 200
+
+
+def test_jupyterlab_asks_nothing_about_news(server):
+    status, body = fetch(server.page("lab/api/settings/@jupyterlab/apputils-extension:notification"))
+    assert status == 200
+    settings = json.loads(body)
+    assert settings["schema"]["properties"]["fetchNews"]["default"] == "false"  # no "get notified" prompt
+    assert settings["schema"]["properties"]["checkForUpdates"]["default"] is False
 
 
 def test_make_instructor_turns_the_instructor_tools_on(course):
@@ -146,7 +167,8 @@ def test_saving_runs_leaves_git_clean_and_pull_working(server, course, tmp_path)
     git("checkout", "--", lab, cwd=course)
 
     # a notebook of the student's own, outside the course folders, keeps its outputs
-    scratch = run_like_jupyter(json.loads((course / lessons[0]).read_text()))
+    with_code = next(p for p in lessons if '"cell_type": "code"' in (course / p).read_text())
+    scratch = run_like_jupyter(json.loads((course / with_code).read_text()))
     save(server, "scratch.ipynb", scratch)
     assert "ran" in (course / "scratch.ipynb").read_text()
     (course / "scratch.ipynb").unlink()

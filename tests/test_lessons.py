@@ -1,5 +1,7 @@
 """The lessons: every notebook runs top to bottom headless (nbclient, no network), is stored without outputs,
-and comes with a valid question bank of at least five questions whose answer key grades as correct."""
+and comes with a valid question bank of at least five questions whose answer key grades as correct. The course's
+order holds together: the start notebook and the README's course map name every lesson and lab, every lesson that
+a lab follows ends by linking it, and nothing but the quiz, Key Terms and Further Reading comes after Exercises."""
 
 from __future__ import annotations
 
@@ -14,8 +16,18 @@ from nbclient import NotebookClient
 
 from specdec_lab.widgets.quiz import load_bank, validation_problems
 
-LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
-LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
+REPO = Path(__file__).resolve().parent.parent
+LESSONS_DIR = REPO / "lessons"
+START = LESSONS_DIR / "00_start_here.ipynb"  # the course map a student opens first (`make lab`)
+LESSONS = sorted(p for p in LESSONS_DIR.glob("[0-9][0-9]_*.ipynb") if p != START)
+# Which labs follow which lesson, in the course's order (the start notebook and the README show the same map).
+LABS_AFTER = {
+    "02_speculative_sampling": ["lab01_sampling"],
+    "03_how_fast_can_it_go": ["lab02_loop"],
+    "04_medusa": ["lab03_trees"],
+    "05_eagle": ["lab04_eagle", "lab06_train_drafter"],
+    "06_lookahead_and_prompt_lookup": ["lab05_lookahead"],
+}
 BANKS = sorted((LESSONS_DIR / "quizzes").glob("*.json"))
 MIN_QUESTIONS = 6
 CELL_TIMEOUT = 600  # seconds per cell: a hang guard, far above any cell's run time even on a machine loaded 25-fold
@@ -70,6 +82,9 @@ def test_lesson_has_the_course_shape(path):
     notebook = nbformat.read(path, as_version=4)
     found = sections(notebook)
     assert [h for h in found if h in SHAPE] == SHAPE, f"{path.name}: the course's sections, in order, once each"
+    extra = [h for h in found if h not in SHAPE]  # no other top section, but the closing "Your turn: lab N"
+    assert extra == [] or (len(extra) == 1 and extra[0].startswith("Your turn") and list(found)[-1] == extra[0]), \
+        f"{path.name}: sections outside the course's shape: {extra}"
     exercises = found["Exercises"]
     assert exercises.count("<details>") >= 3 and exercises.count("<summary>") == exercises.count("<details>")
     assert len(re.findall(r"^- \*\*[^*]+\*\*: \S", found["Key Terms"], flags=re.M)) >= 4
@@ -78,6 +93,108 @@ def test_lesson_has_the_course_shape(path):
     for heading in ("The Problem", "The Concept", "Build It", "Use It", "Ship It"):
         assert len(found[heading].split()) >= 8 or any(  # a section says what it is about, or opens with a subsection
             line.startswith("### ") for line in found[heading].splitlines()), f"{path.name}: {heading} is empty"
+
+
+def headings(notebook: nbformat.NotebookNode) -> list[tuple[int, str, int]]:
+    """(level, title, cell index) of every markdown heading of a notebook, in order (code blocks skipped)."""
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "markdown":
+            text = re.sub(r"```.*?```", "", cell.source, flags=re.S)
+            found += [(len(m.group(1)), m.group(2).strip(), index) for m in re.finditer(r"^(#+) (.*)$", text, re.M)]
+    return found
+
+
+def lab_link(lab: str) -> str:
+    """The relative link from a lesson to a lab's student notebook."""
+    return f"../labs/{lab}/{lab}.ipynb"
+
+
+def test_every_lab_follows_a_lesson():
+    labs = sorted(p.name for p in (REPO / "labs").iterdir() if p.is_dir() and p.name.startswith("lab"))
+    assert sorted(lab for after in LABS_AFTER.values() for lab in after) == labs
+    assert set(LABS_AFTER) <= {p.stem for p in LESSONS}
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_lesson_ends_by_linking_the_labs_that_follow_it(path):
+    notebook = nbformat.read(path, as_version=4)
+    top = [(title, index) for level, title, index in headings(notebook) if level == 2]
+    labs = LABS_AFTER.get(path.stem, [])
+    turns = [(title, index) for title, index in top if title.startswith("Your turn")]
+    if not labs:
+        assert not turns, f"{path.name}: no lab follows this lesson"
+        return
+    assert len(turns) == 1 and turns[0] == top[-1], f"{path.name}: end with one 'Your turn: lab N' section"
+    title, index = turns[0]
+    numbers = [str(int(lab[3:5])) for lab in labs]
+    assert re.fullmatch(r"Your turn: labs? " + r"(, | and )".join(numbers), title), title
+    text = "\n".join(cell.source for cell in notebook.cells[index:] if cell.cell_type == "markdown")
+    for lab in labs:
+        assert f"]({lab_link(lab)})" in text, f"{path.name}: link {lab_link(lab)}"
+        assert (path.parent / lab_link(lab)).resolve().is_file()
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_nothing_but_quiz_key_terms_and_reading_after_exercises(path):
+    notebook = nbformat.read(path, as_version=4)
+    found = headings(notebook)
+    start = next(i for i, (level, title, _) in enumerate(found) if level == 2 and title == "Exercises")
+    after = [(level, title) for level, title, _ in found[start + 1 :]]
+    allowed = {(3, "Check yourself"), (2, "Key Terms"), (2, "Further Reading")}
+    if after and after[-1][1].startswith("Your turn"):
+        after = after[:-1]  # the lesson's last word: the lab that follows it
+    assert [h for h in after if h not in allowed] == [], f"{path.name}: only the quiz, Key Terms, Further Reading"
+    cell = found[start][2]
+    code = [c.source for c in notebook.cells[cell:] if c.cell_type == "code"]
+    assert code == [f'Quiz("quizzes/{path.stem}.json")'], f"{path.name}: the only code after Exercises is the quiz"
+
+
+def course_map_rows(markdown: str) -> dict[str, list[str]]:
+    """Lesson stem -> the labs its row links, from a course-map table (rows that link a lesson notebook)."""
+    rows = {}
+    for line in markdown.splitlines():
+        lesson = re.search(r"\((?:lessons/)?(\d\d_\w+)\.ipynb\)", line)
+        if line.startswith("|") and lesson:
+            rows[lesson.group(1)] = re.findall(r"labs/(lab\d\d_\w+)/\1\.ipynb", line)
+    return rows
+
+
+def test_the_start_notebook_maps_the_course():
+    notebook = nbformat.read(START, as_version=4)
+    nbformat.validate(notebook)
+    assert all(cell.outputs == [] for cell in notebook.cells if cell.cell_type == "code")
+    text = "\n".join(cell.source for cell in notebook.cells)
+    expected = {path.stem: LABS_AFTER.get(path.stem, []) for path in LESSONS}
+    assert course_map_rows(text) == expected
+    for link in re.findall(r"\]\(([^)]+\.ipynb)\)", text):
+        assert (LESSONS_DIR / link).resolve().is_file(), link
+    titles = [title for level, title, _ in headings(notebook) if level == 2]
+    assert {"What you will be able to do", "Before you start", "The course, in order",
+            "How grading works"} <= set(titles)
+    assert re.search(r"\d+ min", text), "the map gives times"
+
+
+def test_the_readme_opens_with_the_course_map():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    first = readme.split("\n## ")[1]  # the first section after the two commands and the pitch
+    assert first.startswith("Course map") and "make lab" in readme[: readme.index("## Course map")]
+    expected = {path.stem: LABS_AFTER.get(path.stem, []) for path in LESSONS}
+    assert course_map_rows(first) == expected
+    assert "Prerequisites" in first and "Grading" in first and "00_start_here.ipynb" in first
+
+
+DEVICE_BOUND = re.compile(r"\bthis (?:shared )?(?:\d-core )?CPU\b", re.I)
+
+
+@pytest.mark.parametrize("path", [*LESSONS, *BANKS], ids=lambda p: p.name)
+def test_prose_does_not_assume_the_machine_is_a_cpu(path):
+    # load_pair() runs on a GPU where there is one: prose says "this machine", and "a CPU" when it means one.
+    if path.suffix == ".json":
+        text = path.read_text(encoding="utf-8")
+    else:
+        text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+    assert DEVICE_BOUND.findall(text) == [], path.name
 
 
 @pytest.mark.parametrize("path", BANKS, ids=lambda p: p.stem)
@@ -102,7 +219,8 @@ def test_bank_is_valid_and_its_key_is_consistent(path):
 
 FIGURE = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\d)")  # a decimal figure: 0.73, 4.35, 1.49x, 3.3 TB/s
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
-LITERATURE = json.loads((LESSONS_DIR / "literature_figures.json").read_text(encoding="utf-8"))
+LITERATURE_FILE = Path(__file__).resolve().parent / "literature_figures.json"  # a fixture: kept out of lessons/
+LITERATURE = json.loads(LITERATURE_FILE.read_text(encoding="utf-8"))
 
 
 def prose_figures(markdown: str) -> list[str]:
@@ -133,7 +251,7 @@ def shows(text: str, figure: str) -> bool:
 
 def stale_figures(notebook: nbformat.NotebookNode, lesson: str) -> list[str]:
     """Decimal figures in the lesson's prose that no neighbouring code cell prints or sets (in an EXECUTED notebook),
-    and that `lessons/literature_figures.json` does not list with a source for this lesson."""
+    and that `tests/literature_figures.json` does not list with a source for this lesson."""
     listed = {entry["figure"] for entry in LITERATURE.get(lesson, [])}
     stale = []
     for index, cell in enumerate(notebook.cells):
@@ -182,6 +300,7 @@ def execute(path: Path) -> tuple[nbformat.NotebookNode, float]:
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_lesson_runs_headless(path, record_property):
+    started = time.time() - 1
     notebook, seconds = execute(path)
     record_property("seconds", round(seconds, 1))
     print(f"{path.stem}: executed in {seconds:.1f} s")
@@ -197,3 +316,17 @@ def test_lesson_runs_headless(path, record_property):
     assert stale_figures(notebook, path.stem) == []
     figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert figures, f"{path.name} shows no plotly figure"
+    # Ship It ships: the lesson wrote a file of this run into the course folder's my-work/ (git ignores it).
+    shipped = re.findall(r"^wrote (\S*my-work/\S+?):? ", text, flags=re.M)
+    assert shipped and all(Path(name).is_file() and Path(name).stat().st_mtime >= started for name in shipped), \
+        f"{path.name}: Ship It writes a file the student keeps"
+    if path.stem == "04_medusa":  # the sparse tree's expectation, held against the measurement
+        predicted, measured = predicted_and_measured_tau(text)
+        assert abs(measured - predicted) <= 0.25 * predicted, (predicted, measured)
+
+
+def predicted_and_measured_tau(text: str) -> tuple[float, float]:
+    """The predicted and measured tau that lesson 4 prints side by side."""
+    match = re.search(r"predicted tau (\d+\.\d+) .* measured (\d+\.\d+)", text)
+    assert match, "lesson 4 prints its predicted and measured tau side by side"
+    return float(match.group(1)), float(match.group(2))

@@ -83,3 +83,41 @@ def test_grid_layout():
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_seed_pitch_in_its_own_numbers():
+    # A 3B draft at 3 ms and a 70B target at 30 ms: five drafts and one verification take 45 ms and emit up to
+    # six tokens (five drafted + the bonus); plain decoding needs 150 ms for five tokens.
+    assert theory.speculative_step_seconds(5, 0.003, 0.030) == pytest.approx(0.045)
+    assert theory.speculative_step_seconds(0, 0.003, 0.030) == pytest.approx(0.030)  # plain decoding: one forward
+    # The closed form agrees: c = 0.1, so a step costs 1.5 target forwards.
+    assert theory.expected_speedup(1.0, 5, 0.1) == pytest.approx(6 / 1.5)
+
+
+def test_weight_streaming_floor_of_a_70b_model():
+    h100 = 3.35e12  # bytes/s of HBM3 on one H100 SXM (NVIDIA's datasheet)
+    one_fp8 = theory.weight_streaming_seconds(70e9, 1, h100)
+    two_bf16 = theory.weight_streaming_seconds(70e9, 2, h100, devices=2)
+    assert one_fp8 == pytest.approx(two_bf16) == pytest.approx(70e9 / h100)
+    assert 40 < 1 / one_fp8 < 80  # the 40-80 tokens/s a 70B model decodes at on H100s
+    assert theory.weight_streaming_seconds(70e9, 2, h100, devices=4) == pytest.approx(two_bf16 / 2)
+    with pytest.raises(ValueError, match="devices"):
+        theory.weight_streaming_seconds(70e9, 2, h100, devices=0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        theory.weight_streaming_seconds(70e9, 2, 0)
+
+
+def test_arithmetic_operations_factor_matches_a_simulation():
+    assert theory.arithmetic_operations_factor(0.7, 0, 0.1) == pytest.approx(1.0)  # plain decoding
+    assert theory.arithmetic_operations_factor(1.0, 4, 0.0) == pytest.approx(1.0)  # every token kept, free drafts
+    rng = random.Random(0)
+    alpha, gamma, c_hat = 0.7, 4, 0.05
+    operations = tokens = 0.0
+    for _ in range(40_000):
+        kept = 0
+        while kept < gamma and rng.random() < alpha:
+            kept += 1
+        operations += gamma * c_hat + gamma + 1  # the draft over gamma tokens, the target over gamma + 1
+        tokens += kept + 1
+    assert operations / tokens == pytest.approx(theory.arithmetic_operations_factor(alpha, gamma, c_hat), rel=0.01)
+    assert theory.arithmetic_operations_factor(0.5, 4, 0.05) > theory.arithmetic_operations_factor(0.9, 4, 0.05)

@@ -101,6 +101,17 @@ def test_explorer_follows_its_sliders(capsys):
     assert "expected speedup" in capsys.readouterr().out
 
 
+def test_step_through_calls_a_greedy_correction_corrected_not_resampled(pair, tokenizer):
+    target, draft = pair
+    widget = StepThrough(target, tokenizer, draft_model=draft, prompt="def f(x):", k=3, temperature=0.0,
+                         max_new_tokens=24, static=True)
+    ends = [step.tokens[-1].verdict for step in widget.steps]
+    assert "corrected" in ends and "resampled" not in ends  # at temperature 0 nothing is drawn from a residual
+    assert all(step.tokens[-1].verdict == "corrected" for step in widget.steps if step.accepted < step.drafted)
+    widget.go_to(ends.index("corrected"))
+    assert "corrected" in widget.view.value and "resampled" not in widget.view.value
+
+
 def test_step_through_records_verdicts_and_moves(pair, tokenizer, capsys):
     target, draft = pair
     widget = StepThrough(target, tokenizer, draft_model=draft, prompt="def f(x):", k=3, temperature=1.0, seed=1,

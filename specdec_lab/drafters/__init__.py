@@ -5,6 +5,7 @@ from specdec_lab.drafters.draft_model import DraftModelDrafter
 from specdec_lab.drafters.lookahead import LookaheadDrafter
 from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec_lab.drafters.prompt_lookup import PromptLookupDrafter
+from specdec_lab.drafters.suffix import SuffixDrafter
 
 __all__ = ["DecodeState", "Draft", "Drafter", "DraftModelDrafter", "LookaheadDrafter", "MedusaDrafter", "MedusaHeads",
-           "PromptLookupDrafter"]
+           "PromptLookupDrafter", "SuffixDrafter"]

@@ -67,6 +67,9 @@ class Draft:
     tree with `verify_tree_greedy`, sampling runs with the lossless `verify_tree_rejection`.
     lossy_typical: None (lossless, the default), or (epsilon, delta) to verify a tree with Medusa's typical
     acceptance, which is LOSSY (`verify.verify_typical_lossy`); only set when the user asked for it.
+    verification: how a sampling run verifies a chain: "token" (token by token, `verify.verify_rejection`,
+    the default) or "block" (jointly, `verify.verify_block`: lossless too, and never fewer tokens kept in
+    expectation). Greedy runs match argmaxes either way; trees ignore it.
 
     Extra rows (tree drafts only; lookahead decoding's Jacobi window): tokens that the target scores in the
     same forward but that are not candidates. extra_tokens: (m,) ids; extra_positions: (m,) their position
@@ -81,12 +84,24 @@ class Draft:
     info: dict = field(default_factory=dict)
     parents: torch.Tensor | None = None
     lossy_typical: tuple[float, float] | None = None
+    verification: str = "token"
     extra_tokens: torch.Tensor | None = None
     extra_positions: torch.Tensor | None = None
     extra_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+VERIFICATIONS = ("token", "block")
+
+
+def check_verification(verification: str) -> str:
+    """Return `verification` if it names a chain rule ("token" or "block"), else raise ValueError."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS} (token-wise or block verification of a "
+                         f"chain), got {verification!r}")
+    return verification
 
 
 class Drafter(ABC):

@@ -8,6 +8,9 @@ Adaptive draft length (as transformers' assisted generation does with its confid
 so a step drafts between 1 and k tokens. Lossless: the stopping decision is a function of the draft's own
 q (of the context and the earlier draft tokens), never of the target, and the chain rule is exact for a
 draft of any length fixed that way.
+
+Verification: `verification="block"` has sampling runs verify each drafted block jointly
+(`specdec_lab.verify.verify_block`, Sun et al. 2025) instead of token by token; lossless either way.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from specdec_lab.cache import new_cache, truncate
-from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter, check_verification
+from specdec_lab.forward import forward
 from specdec_lab.sampling import confidence, draw
 
 
@@ -24,12 +28,16 @@ class DraftModelDrafter(Drafter):
 
     draft_model: any Hugging Face causal LM with the target's vocabulary; k: tokens drafted per step (the
     most, with `min_confidence`); min_confidence: None (always k tokens) or a threshold in (0, 1): stop
-    before a token whose largest draft probability is below it (at least one token is always drafted).
+    before a token whose largest draft probability is below it (at least one token is always drafted);
+    verification: "token" (the default, `verify.verify_rejection`) or "block" (`verify.verify_block`) for
+    sampling runs; greedy runs match argmaxes either way.
     """
 
     drafts_from_prompt = True
 
-    def __init__(self, draft_model: torch.nn.Module, k: int = 4, min_confidence: float | None = None):
+    def __init__(self, draft_model: torch.nn.Module, k: int = 4, min_confidence: float | None = None,
+                 verification: str = "token"):
+        self.verification = check_verification(verification)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")
         check_confidence(min_confidence)
@@ -55,7 +63,7 @@ class DraftModelDrafter(Drafter):
         feed = torch.tensor(state.tokens[self.cached :], device=state.device)
         tokens, probs = [], []
         for i in range(k):
-            logits = self.model(input_ids=feed[None], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            logits = forward(self.model, self.cache, feed, keep=1).logits[0, -1]
             self.cached += 1 if i else len(state.tokens) - self.cached
             if i and self.min_confidence is not None and confidence(logits, state.sampling) < self.min_confidence:
                 break  # the draft is unsure of this token: verify what we have (decided from q alone)
@@ -66,7 +74,7 @@ class DraftModelDrafter(Drafter):
             feed = token.reshape(1)
         # The cache holds the context plus every drafted token it was fed: tokens[:-1], or all of them after
         # an early stop (commit keeps the accepted ones either way).
-        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None, verification=self.verification)
 
     def commit(self, state: DecodeState, accepted: int) -> None:
         # Keep the cached draft tokens that the target accepted; everything after them is stale.

@@ -20,7 +20,8 @@ Modes of `EagleDrafter`:
 
 - "chain" (EAGLE-1): `depth` tokens, one per step, verified by the chain rules (sampled tokens carry q);
   with `min_confidence`, the chain stops early before a token the head is unsure of (adaptive length,
-  lossless because the decision depends on q alone, as for `DraftModelDrafter`).
+  lossless because the decision depends on q alone, as for `DraftModelDrafter`); with
+  `verification="block"`, sampling runs verify the chain jointly (`specdec_lab.verify.verify_block`).
 - "tree" (EAGLE-2): a dynamic tree. Depth 1 holds the `top_k` most likely tokens; at every further depth
   the `top_k` newest nodes with the highest cumulative log-probability are expanded (one batched head
   forward with a tree mask over the head's cache), each into its `top_k` most likely children. Finally all
@@ -51,7 +52,7 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specdec_lab.cache import new_cache, truncate
-from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter, check_verification
 from specdec_lab.drafters.draft_model import check_confidence
 from specdec_lab.sampling import SamplingConfig, confidence, draw, process_logits, sample_without_replacement
 from specdec_lab.tree import sampled_tree_shape
@@ -202,8 +203,9 @@ class EagleHead(nn.Module):
         return self._target_parts()[1](features)
 
     def new_cache(self) -> DynamicCache:
-        """An empty KV cache for the head's one layer."""
-        return new_cache(self.layer_config)
+        """An empty KV cache for the head's one layer (always a growing one: the head's forwards build their
+        masks over the cached length, and one layer costs little next to the target)."""
+        return new_cache(self.layer_config, allow_static=False)
 
     def init_from_target_layer(self, target: nn.Module, index: int = -1) -> None:
         """Warm start for training: the decoder layer copies target layer `index`, the norm the final norm."""
@@ -270,6 +272,8 @@ class EagleDrafter(Drafter):
 
     min_confidence: chain mode only: None (always `depth` tokens) or a threshold in (0, 1): stop before a
     token whose largest head probability is below it (at least one token is drafted).
+    verification: chain mode only: "token" (the default, `verify.verify_rejection`) or "block"
+    (`verify.verify_block`, Sun et al. 2025) for sampling runs; greedy runs match argmaxes either way.
     children: how a tree is built when sampling (greedy runs always build EAGLE-2's tree): "sampled" (the
     default) draws each node's children from the head's processed q without replacement into a shape fixed
     in advance (`specdec_lab.tree.sampled_tree_shape` with `total_tokens` nodes, `depth` levels, at most
@@ -304,7 +308,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead, mode: str = "chain", depth: int = 5, top_k: int = 8,
                  total_tokens: int = 32, rank_temperature: float | None = None, children: str = "sampled",
-                 alpha: float = 0.6, min_confidence: float | None = None):
+                 alpha: float = 0.6, min_confidence: float | None = None, verification: str = "token"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if children not in CHILDREN:
@@ -325,6 +329,10 @@ class EagleDrafter(Drafter):
         check_confidence(min_confidence)
         if min_confidence is not None and mode != "chain":
             raise ValueError("min_confidence (adaptive draft length) applies to chain mode only")
+        self.verification = check_verification(verification)
+        if verification != "token" and mode != "chain":
+            raise ValueError("verification='block' verifies a chain: it applies to mode='chain' only (trees are "
+                             "verified by the multi-candidate rule)")
         self.children = children
         self.alpha = alpha
         self.min_confidence = min_confidence
@@ -392,7 +400,7 @@ class EagleDrafter(Drafter):
                 allowed = causal_allowed(1, self.committed + i, state.device)
                 feature = self._step(feature[None], token.reshape(1), i + 1, allowed)[0]
                 logits = self.head.logits(feature).float()
-        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None, verification=self.verification)
 
     def ranking_temperature(self, sampling: SamplingConfig) -> float:
         """The temperature the tree ranks by under `sampling` (see `rank_temperature` in the class docstring)."""

@@ -1,7 +1,8 @@
 """Step through one speculative decoding run, one verification step at a time.
 
 Each step shows what the drafter proposed, the target's verdict on every drafted token (accepted, rejected,
-and the token the target adds itself: resampled after a rejection, or a bonus token when all were kept), the
+and the token the target adds itself: after a rejection the target's correction, resampled from the residual when
+sampling or its own argmax ("corrected") at temperature 0, or a bonus token when all were kept), the
 probabilities p(x) and q(x) behind each verdict, and the running tau (tokens per target forward).
 """
 
@@ -27,7 +28,7 @@ class TokenVerdict:
 
     token: int
     text: str
-    verdict: str  # "accepted", "rejected", "resampled" or "bonus"
+    verdict: str  # "accepted", "rejected", "resampled" (sampling), "corrected" (temperature 0) or "bonus"
     p: float
     q: float | None
 
@@ -48,11 +49,13 @@ class StepView:
         return sum(t.verdict == "accepted" for t in self.tokens)
 
 
-def describe_step(record: StepRecord, decode: Callable[[list[int]], str]) -> list[TokenVerdict]:
+def describe_step(record: StepRecord, decode: Callable[[list[int]], str], greedy: bool = False) -> list[TokenVerdict]:
     """Turn a `StepRecord` into per-token verdicts with p(x) and q(x).
 
-    record: what `generate(on_step=...)` reported; decode: token ids -> text. q(x) is the draft's processed
-    probability (1.0 for a deterministic or greedy draft, whose q is one-hot).
+    record: what `generate(on_step=...)` reported; decode: token ids -> text; greedy: the run decoded at
+    temperature 0, where the target's token after a rejection is its argmax ("corrected"), not a draw from the
+    residual ("resampled"). q(x) is the draft's processed probability (1.0 for a deterministic or greedy draft,
+    whose q is one-hot).
     """
     draft, verdict, p = record.draft.tokens.tolist(), record.verdict, record.target_probs
     rows = []
@@ -61,9 +64,15 @@ def describe_step(record: StepRecord, decode: Callable[[list[int]], str]) -> lis
         kind = "accepted" if i < verdict.accepted else "rejected"
         rows.append(TokenVerdict(token, decode([token]), kind, float(p[i, token]), q))
     extra = verdict.next_token
-    rows.append(TokenVerdict(extra, decode([extra]), "resampled" if verdict.resampled else "bonus",
+    correction = "corrected" if greedy else "resampled"
+    rows.append(TokenVerdict(extra, decode([extra]), correction if verdict.resampled else "bonus",
                              float(p[verdict.accepted, extra]), None))
     return rows
+
+
+def verdict_color(verdict: str) -> str:
+    """The course colour of a verdict (a greedy correction wears the resampled token's colour)."""
+    return COLORS["resampled" if verdict == "corrected" else verdict]
 
 
 class StepThrough(CourseWidget):
@@ -141,7 +150,8 @@ class StepThrough(CourseWidget):
         self.steps: list[StepView] = []
         for record in records:
             forwards, emitted = forwards + 1, emitted + len(record.emitted)
-            self.steps.append(StepView(describe_step(record, self._decode), record.emitted, emitted / forwards,
+            self.steps.append(StepView(describe_step(record, self._decode, greedy=self.temperature.value == 0),
+                                       record.emitted, emitted / forwards,
                                        len(record.draft)))
 
     def go_to(self, position: int) -> None:
@@ -165,13 +175,14 @@ class StepThrough(CourseWidget):
         if step is None:
             return "<i>no verification step: the run ended at the prefill</i>"
         chips = " ".join(
-            f"<span style='background:{COLORS[t.verdict]};color:white;padding:2px 5px;border-radius:4px;"
+            f"<span style='background:{verdict_color(t.verdict)};color:white;padding:2px 5px;border-radius:4px;"
             f"font-family:monospace'>{show_token(t.text)}</span>" for t in step.tokens)
         rows = "".join(
             f"<tr><td>{i + 1}</td><td style='font-family:monospace'>{show_token(t.text)}</td>"
             f"<td>{'' if t.q is None else f'{t.q:.3f}'}</td><td>{t.p:.3f}</td>"
             f"<td>{'' if t.q is None else f'{min(1.0, t.p / t.q):.3f}'}</td>"
-            f"<td style='color:{COLORS[t.verdict]}'><b>{t.verdict}</b></td></tr>" for i, t in enumerate(step.tokens))
+            f"<td style='color:{verdict_color(t.verdict)}'><b>{t.verdict}</b></td></tr>"
+            for i, t in enumerate(step.tokens))
         return (f"<b>step {self.position + 1} / {len(self.steps)}</b> &nbsp; accepted {step.accepted} of "
                 f"{step.drafted} drafted, "
                 f"running tau = {step.running_tau:.2f}<br>{chips}"

@@ -1,0 +1,146 @@
+"""One model forward after a KV cache, eager or compiled: how the decode loops call a model.
+
+Over a growing (dynamic) cache, a forward is the model's own call, as it always was. Over a static cache
+(`specdec_lab.cache`, preallocated) the forward attends over the whole buffer: a 4-D mask lets each new token
+see the cached prefix and the new tokens its visibility allows (causal for a chain, the tree mask for a tree),
+and hides the unused tail. Its shapes then depend only on how many tokens are fed. With compiling on
+(gpt-fast's lesson: a static cache and a compiled forward move decoding from overhead-bound to bandwidth-bound)
+that number is padded up to a bucket of `QUERY_BUCKETS`, so a run compiles a handful of graphs (one token for
+plain decoding and for a draft model, k + 1 for a chain's verification, a tree's node budget), not one per
+length. The padding rows are scored and then dropped from the cache; causality (or the tree mask) keeps them
+invisible to the real rows. A prefill (nothing cached yet) always runs eager: it happens once per run.
+
+torch.compile keeps its compiled code in inductor's on-disk cache, so a second process pays far less than the
+first; the first call of each shape says that it is compiling. On CUDA the plan may ask for CUDA graphs
+(`mode="reduce-overhead"`): every call then marks a new step and its outputs are copied out of the graph's
+buffers before the next call reuses them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache
+
+from specdec_lab.cache import cache_length, is_static, truncate
+
+QUERY_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tokens per compiled forward (padded up to one of these)
+REUSE_FACTOR = 3  # a compiled width is reused for feeds down to a third of it, rather than compiling another
+MIN_RECOMPILE_LIMIT = 64  # graphs per model torch.compile may keep (buckets x cache lengths x hidden states)
+
+
+@dataclass
+class ForwardOutput:
+    """What a forward returns: logits (1, keep, V) of the last `keep` fed tokens (all when keep is 0), and,
+    when asked for, each layer's hidden states (1, q, H) of every fed token (embeddings first)."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+def query_bucket(tokens: int) -> int:
+    """The padded length of a compiled forward of `tokens` tokens (itself, past the largest bucket)."""
+    return next((size for size in QUERY_BUCKETS if size >= tokens), tokens)
+
+
+def forward(model: torch.nn.Module, cache: Cache, tokens: torch.Tensor, visible: torch.Tensor | None = None,
+            positions: torch.Tensor | None = None, keep: int = 0, hidden: bool = False) -> ForwardOutput:
+    """Run `model` on `tokens` after its `cache` (appending their keys and values).
+
+    tokens: (q,) ids; visible: (q, q) bool, which new tokens each new token may see (None: causal); positions:
+    (q,) or (1, q) position ids (None: right after the cache); keep: return the logits of the last `keep`
+    tokens only (0: all); hidden: also return every layer's hidden states.
+    """
+    past = cache_length(cache)
+    if positions is not None:
+        positions = positions.reshape(1, -1)
+    if not is_static(cache):
+        mask = None if visible is None else additive_mask_over(visible, past, past + len(tokens), model.dtype)
+        out = model(input_ids=tokens[None], cache=cache, attention_mask=mask, position_ids=positions,
+                    use_cache=True, output_hidden_states=hidden, logits_to_keep=keep)
+        return ForwardOutput(out.logits, out.hidden_states if hidden else None)
+    return static_forward(model, cache, tokens, visible, positions, keep, hidden)
+
+
+def additive_mask_over(visible: torch.Tensor, past: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """The (1, 1, rows, width) additive mask: every row sees the `past` cached slots, row r sees new token c
+    where `visible[r, c]` (at slot past + c); every other slot (the unused tail of a static cache) is hidden.
+    `visible` may have more rows than columns: the extra rows (padding) see the prefix and themselves."""
+    rows, columns = visible.shape
+    allowed = torch.zeros(rows, width, dtype=torch.bool, device=visible.device)
+    allowed[:, :past] = True
+    allowed[:, past : past + columns] = visible
+    extra = torch.arange(columns, rows, device=visible.device)
+    allowed[extra, past + extra] = True
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def static_forward(model, cache, tokens, visible, positions, keep, hidden) -> ForwardOutput:
+    """`forward` over a static cache: padded to a bucket and compiled when the cache asks for it."""
+    past, fed = cache_length(cache), len(tokens)
+    length = cache.layers[0].max_cache_len
+    if past + fed > length:
+        raise RuntimeError(f"the static cache holds {length} positions; {past} are cached and {fed} more were "
+                           "fed (the run's plan sized it too short)")
+    compiled = cache.compile and past > 0 and fed <= QUERY_BUCKETS[-1]
+    width = compiled_width(model, cache.mode, fed, length, hidden) if compiled else fed
+    if past + width > length:
+        width = fed
+    device = tokens.device
+    if visible is None:
+        visible = torch.ones(fed, fed, dtype=torch.bool, device=device).tril()
+    if positions is None:
+        positions = torch.arange(past, past + fed, device=device)[None]
+    pad = width - fed
+    if pad:  # padding repeats the last token at the last position: finite values, seen by no real row
+        tokens = torch.cat([tokens, tokens[-1:].expand(pad)])
+        positions = torch.cat([positions, positions[:, -1:].expand(1, pad)], dim=1)
+        visible = torch.cat([visible, visible.new_zeros(pad, fed)])
+    mask = additive_mask_over(visible, past, length, model.dtype)
+    call = compiled_forward(model, cache.mode, (width, length, hidden)) if compiled else model
+    if compiled and cache.mode == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()
+    out = call(input_ids=tokens[None], attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+               output_hidden_states=hidden, logits_to_keep=0 if compiled else keep)
+    logits = out.logits[:, :fed] if compiled else out.logits
+    if compiled and keep:
+        logits = logits[:, -keep:]
+    states = tuple(h[:, :fed] for h in out.hidden_states) if hidden else None
+    if compiled and cache.mode == "reduce-overhead":  # the graph's output buffers are reused by its next replay
+        logits = logits.clone()
+        states = tuple(h.clone() for h in states) if hidden else None
+    if pad:
+        truncate(cache, past + fed)
+    return ForwardOutput(logits, states)
+
+
+def compiled_width(model: torch.nn.Module, mode: str | None, fed: int, length: int, hidden: bool) -> int:
+    """How many tokens a compiled forward of `fed` tokens runs: the narrowest width already compiled for this
+    model and cache length that is at most REUSE_FACTOR times `fed` (a chain's last, shorter drafts reuse the
+    graph of its full verification), else `fed`'s bucket."""
+    _, seen = model.__dict__.get("_specdec_compiled", {}).get(mode, (None, set()))
+    widths = [w for w, n, h in seen if n == length and h == hidden and fed <= w <= REUSE_FACTOR * fed]
+    return min(widths, default=query_bucket(fed))
+
+
+def compiled_forward(model: torch.nn.Module, mode: str | None, shape: tuple[int, int, bool]):
+    """`model.forward` through torch.compile (one compiled function per model and mode, kept on the model).
+
+    shape: (tokens fed, cache length, hidden states wanted) of this call: the first call of each shape prints
+    that it is compiling (torch.compile then builds one graph per shape)."""
+    compiled = model.__dict__.setdefault("_specdec_compiled", {})
+    if mode not in compiled:
+        limits = torch._dynamo.config
+        limits.recompile_limit = max(limits.recompile_limit, MIN_RECOMPILE_LIMIT)
+        compiled[mode] = (torch.compile(model.forward, fullgraph=True, dynamic=False, mode=mode), set())
+    function, seen = compiled[mode]
+    if shape not in seen:
+        seen.add(shape)
+        tokens, length, _ = shape
+        print(f"specdec: compiling {type(model).__name__}'s forward for {tokens} tokens over a {length}-slot "
+              "cache (first call of this shape; inductor's on-disk cache makes later processes faster)",
+              file=sys.stderr, flush=True)
+    return function

@@ -1,0 +1,65 @@
+"""Compiled forwards (torch.compile over the static cache): the same tokens as eager decoding, a handful of graphs
+per run (lengths bucketed), a message when compiling, and CUDA graphs chosen only on CUDA.
+
+Compiling is slow on 2 cores (seconds per graph even for these tiny models, more when inductor's on-disk
+cache is cold), so these tests compile one tiny model and few shapes; they carry the `compile` marker.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import make_llama
+
+from specdec_lab import DraftModelDrafter, generate
+from specdec_lab.decode import plan_for
+from specdec_lab.forward import QUERY_BUCKETS, query_bucket
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    """The tiniest Llama that still has attention, MLP and two layers: cheap to compile."""
+    return make_llama(vocab_size=64, hidden_size=16, num_layers=2, seed=3, logit_scale=4.0, num_heads=2)
+
+
+def compiled_shapes(model) -> set:
+    """The (tokens, cache length, hidden) shapes the model's compiled forward has been called with."""
+    return set().union(*(seen for _, seen in model.__dict__.get("_specdec_compiled", {}).values()))
+
+
+@pytest.mark.compile
+def test_compiled_decoding_emits_the_eager_tokens_with_a_handful_of_graphs(small_model, capfd):
+    prompts = [[1, 5, 9], [7, 7, 2, 40, 3]]
+    for prompt in prompts:
+        eager = generate(small_model, prompt, max_new_tokens=20).tokens
+        assert generate(small_model, prompt, max_new_tokens=20, compile=True).tokens == eager
+        # The model drafts for itself: every draft is accepted, so the draft forwards take 1 and 2 tokens, the
+        # target's verification k + 1 = 4, and the end of the budget shortens the last drafts (padded up).
+        speculative = generate(small_model, prompt, drafter=DraftModelDrafter(small_model, k=3), max_new_tokens=20,
+                               compile=True)
+        assert speculative.tokens == eager and speculative.stats.mean_accepted_tokens > 3
+        sampled = [generate(small_model, prompt, drafter=DraftModelDrafter(small_model, k=3), max_new_tokens=12,
+                            temperature=1.0, seed=len(prompt), cache=kind, compile=kind == "static").tokens
+                   for kind in ("dynamic", "static")]
+        assert sampled[0] == sampled[1]  # same logits up to rounding, same seeded draws
+    shapes = compiled_shapes(small_model)
+    assert {tokens for tokens, _, _ in shapes} <= {1, 2, 4} and len(shapes) <= 3, shapes
+    messages = capfd.readouterr().err.count("specdec: compiling")
+    assert messages == len(shapes)  # once per shape, not per call
+
+
+def test_query_lengths_are_bucketed():
+    assert [query_bucket(n) for n in (1, 2, 3, 5, 7, 9, 33, 64)] == [1, 2, 4, 6, 8, 12, 48, 64]
+    assert query_bucket(QUERY_BUCKETS[-1] + 1) == QUERY_BUCKETS[-1] + 1  # past the buckets: eager, unpadded
+    assert all(a < b <= 1.5 * a + 1 for a, b in zip(QUERY_BUCKETS, QUERY_BUCKETS[1:], strict=False))
+
+
+@pytest.mark.parametrize("device, mode", [("cpu", None), ("cuda", "reduce-overhead")])
+def test_cuda_graphs_are_asked_for_on_cuda_only(device, mode):
+    run = SimpleNamespace(prompt=[1, 2, 3], budget=10, device=torch.device(device))
+    plan = plan_for(run, None, None, compile=True)
+    assert plan.kind == "static" and plan.compile and plan.mode == mode
+    eager = plan_for(run, None, None, compile=False)
+    assert eager.mode is None and not eager.compile
