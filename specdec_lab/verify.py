@@ -114,7 +114,7 @@ def block_weights(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     for p, q in zip(p_x.double().tolist(), q_x.double().tolist(), strict=True):
         ratio = p / q if q > 0 else (float("inf") if p > 0 else 0.0)
         weights.append(min(weights[-1] * ratio, 1.0) if weights[-1] > 0 else 0.0)  # never 0 * inf
-    return torch.tensor(weights, dtype=torch.float64)
+    return torch.tensor(weights, dtype=torch.float64, device=p_x.device)
 
 
 def block_residual(weight: float, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -135,7 +135,7 @@ def block_stop_probabilities(weights: torch.Tensor, target_probs: torch.Tensor,
     draft_probs: (k, V). A 0 / 0 (B_i = 0 and p_i = 1) is a level the pass never reaches; it is set to 1.
     """
     k = len(weights) - 1
-    stop = torch.ones(k + 1, dtype=torch.float64)
+    stop = torch.ones(k + 1, dtype=torch.float64, device=weights.device)
     stop[k] = weights[k]
     for i in range(1, k):
         mass = float(block_residual(float(weights[i]), target_probs[i], draft_probs[i]).sum())
