@@ -31,7 +31,7 @@ import torch
 
 from specdec_lab.batch_cache import COMPACT_SHARE, COMPACT_SLACK, RaggedCache
 from specdec_lab.cache import CachePlan, cache_plan
-from specdec_lab.decode import context_limit, default_eos, model_device, prompt_to_list
+from specdec_lab.decode import context_limit, model_device, prompt_to_list, resolve_eos
 from specdec_lab.drafters.draft_model import DraftModelDrafter
 from specdec_lab.kernels import verify_batch
 from specdec_lab.sampling import SamplingConfig, make_generator, process_logits
@@ -163,7 +163,8 @@ def generate_batch(
     """Generate for a batch of prompts at once, speculatively when given a draft model.
 
     target: a Hugging Face causal LM; prompts: a list of prompts of any lengths (lists of ids or 1-D tensors);
-    drafter: `DraftModelDrafter(draft, k)` for draft-model speculation, None for plain batched decoding;
+    drafter: `DraftModelDrafter(draft, k)` for draft-model speculation (token-wise verification only: a drafter
+    with verification="block" is refused with a ValueError), None for plain batched decoding;
     max_new_tokens: one budget for all, or one per prompt; temperature / top_k / top_p: sampling settings applied
     to target and draft alike (temperature 0 = greedy); seed: seeds the batch's one random generator;
     eos_token_id: a sequence stops after emitting it (None = the model's own EOS); backend: verification backend
@@ -197,11 +198,15 @@ def decode_batch(target, prompts, drafter, max_new_tokens, temperature, top_k, t
     if drafter is not None and not isinstance(drafter, DraftModelDrafter):
         raise ValueError(f"generate_batch drafts with a DraftModelDrafter or none (plain decoding), got "
                          f"{type(drafter).__name__}")
+    if drafter is not None and drafter.verification != "token":
+        raise ValueError(f"generate_batch verifies token by token (kernels.verify_batch) and has no block "
+                         f"verification: got a DraftModelDrafter with verification={drafter.verification!r}; use "
+                         "verification='token' here, or generate() one prompt at a time for block verification")
     if drafter is not None and drafter.model.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft and target have different vocabularies ({drafter.model.config.vocab_size} vs "
                          f"{target.config.vocab_size} tokens); speculative decoding needs a draft model that uses "
                          "the target's tokenizer")
-    eos = default_eos(target) if eos_token_id is None else eos_token_id
+    eos = resolve_eos(target, eos_token_id)
     device = model_device(target)
     started = time.perf_counter()
     generator = make_generator(seed, device)

@@ -204,11 +204,36 @@ def cmd_sweep(args) -> None:
         print(f"wrote {report.write_sweep_html(result, args.html)}")
 
 
+def writable_output(path: str, option: str = "--out") -> Path:
+    """`path` checked before any work is done: a file that can be written there (its folder exists, or can be made,
+    and takes new files). Exits with an error naming the path and the problem otherwise.
+
+    path: the file to write; option: the command-line option it came from (for the message).
+    """
+    import tempfile
+
+    out = Path(path)
+    if out.is_dir():
+        raise SystemExit(f"error: {option} {path} is a folder; give a file name, e.g. {out / 'specdec-profile.json'}")
+    existing = next(p for p in (out.parent, *out.parent.parents) if p.exists())  # the folder it goes into, or above
+    if not existing.is_dir():
+        raise SystemExit(f"error: cannot write {option} {path}: {existing} is a file, not a folder")
+    try:  # the honest test: make (and at once remove) a file where the folders would be made
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".specdec-write-test-"):
+            pass
+    except OSError as error:
+        raise SystemExit(f"error: cannot write {option} {path}: {error.strerror or error} in {existing}; choose "
+                         "another path") from None
+    return out
+
+
 def cmd_tune(args) -> None:
     import json
 
+    from specdec_lab.report import write_atomic
     from specdec_lab.tune import tune
 
+    out = writable_output(args.out)  # before the calibration, which takes minutes
     try:
         pair = load_for_cli(args) if args.target or args.draft else None
         temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -216,8 +241,7 @@ def cmd_tune(args) -> None:
                        threads=args.threads, compile=args.compile)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
-    with open(args.out, "w") as handle:
-        handle.write(json.dumps(profile, indent=1) + "\n")
+    write_atomic(out, json.dumps(profile, indent=1) + "\n")  # a temporary file, then a rename: never half a profile
     print(f"wrote {args.out} (measured on: {profile['device']['cpu']}, {profile['device']['device']}, "
           f"{profile['device']['torch_threads']} threads)")
 
@@ -335,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="measure this device's cost curve and acceptance; choose k and the tree "
                           "budget that maximise predicted tokens/s; write a JSON profile")
-    tune.add_argument("--out", default="specdec-profile.json", help="profile to write (default: specdec-profile.json)")
+    tune.add_argument("--out", default="specdec-profile.json",
+                      help="profile to write, checked before measuring (default: specdec-profile.json)")
     tune.add_argument("--prompts", type=int, default=6, help="training-split calibration prompts (default: 6)")
     tune.add_argument("--max-new-tokens", type=int, default=48, help="tokens per calibration prompt (default: 48)")
     tune.add_argument("--temperatures", default="0,1",

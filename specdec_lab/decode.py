@@ -38,6 +38,7 @@ from specdec_lab.drafters.base import DecodeState, Draft, Drafter
 from specdec_lab.drafters.draft_model import DraftModelDrafter
 from specdec_lab.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_lab.forward import QUERY_BUCKETS, forward
+from specdec_lab.profiles import apply_profile
 from specdec_lab.sampling import SamplingConfig, draw, make_generator, process_logits
 from specdec_lab.stats import DecodeStats
 from specdec_lab.tree import DraftTree
@@ -123,6 +124,30 @@ def default_eos(model: torch.nn.Module) -> int | None:
     return None
 
 
+NEVER_STOP = -1  # an eos_token_id that no token has: the run goes on to max_new_tokens
+
+
+def resolve_eos(model: torch.nn.Module, eos_token_id) -> int | None:
+    """The id that ends a run: `eos_token_id` checked against the model's vocabulary (clear errors for anything
+    else), the model's own EOS when it is None, or NEVER_STOP (-1), which no token matches.
+
+    model: the target; eos_token_id: an integer token id, None or -1, as `generate` takes it.
+    """
+    if eos_token_id is None:
+        return default_eos(model)
+    if isinstance(eos_token_id, bool) or not hasattr(eos_token_id, "__index__"):
+        raise ValueError(f"eos_token_id must be one integer token id (e.g. tokenizer.eos_token_id), None for the "
+                         f"model's own, or {NEVER_STOP} to never stop early; got {eos_token_id!r} of type "
+                         f"{type(eos_token_id).__name__}")
+    eos = int(eos_token_id)
+    vocab_size = model.config.vocab_size
+    if eos != NEVER_STOP and not 0 <= eos < vocab_size:
+        raise ValueError(f"eos_token_id {eos} is outside the model's vocabulary [0, {vocab_size}), so no token "
+                         f"could ever end the run; pass an id of its tokenizer (e.g. tokenizer.eos_token_id), None "
+                         f"for the model's own EOS ({default_eos(model)}), or {NEVER_STOP} to run to max_new_tokens")
+    return eos
+
+
 @dataclass
 class RunSetup:
     """The validated settings of one generation: what every decoding loop checks before its first forward.
@@ -150,7 +175,7 @@ class RunSetup:
         if len(prompt) >= limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context is {limit} tokens; "
                              "shorten the prompt")
-        eos = default_eos(target) if eos_token_id is None else eos_token_id
+        eos = resolve_eos(target, eos_token_id)
         budget = min(max_new_tokens, limit - len(prompt))
         return cls(sampling, prompt, eos, budget, max_new_tokens, model_device(target))
 
@@ -323,7 +348,8 @@ def generate(
     target: a Hugging Face causal LM; input_ids: the prompt's token ids; drafter: the proposer (None = plain
     autoregressive decoding); temperature / top_k / top_p: sampling settings applied to target and draft
     alike (temperature 0 = greedy); seed: seeds the run's only random generator; eos_token_id: stop after
-    emitting this id (None = the model's own EOS); on_step: called with a `StepRecord` after every
+    emitting this id (None = the model's own EOS; -1 = never, run to max_new_tokens; any other id outside the
+    vocabulary is refused); on_step: called with a `StepRecord` after every
     verification step (for visualisations); tuned: a profile written by `specdec tune` (path or dict): the
     drafter's draft length or tree budget is set from it for this run's temperature (a draft-model or EAGLE
     drafter; the drafter is changed in place); cache: "dynamic" (growing caches, the default without
@@ -337,8 +363,6 @@ def generate(
     if tuned is not None:
         if drafter is None:
             raise ValueError("a tuned profile sets a drafter's settings: pass a drafter with it")
-        from specdec_lab.tune import apply_profile
-
         apply_profile(drafter, tuned, temperature)
     with cache_plan(plan_for(run, drafter, cache, compile)):
         return decode_run(target, run, drafter, seed, on_step)

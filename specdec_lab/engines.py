@@ -62,7 +62,7 @@ def engine_stats(new_tokens: int, drafted: int = 0, accepted: int = 0, steps: in
 
 def require_zoo_pair(context, engine: str, greedy_only: bool = False) -> None:
     """Raise the bench's MethodUnavailable unless `context` runs the zoo pair (and greedy, if asked)."""
-    from specdec_lab.bench import MethodUnavailable
+    from specdec_lab.bench_runner import MethodUnavailable
     from specdec_lab.models import zoo_path
 
     if greedy_only and context.config.temperature != 0:

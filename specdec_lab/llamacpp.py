@@ -341,7 +341,7 @@ def generated_text(stdout: str, prompt: str) -> str:
 
 def zoo_files(context) -> dict[str, Path]:
     """The GGUF files of the bench's pair, or MethodUnavailable (the rows run on the zoo pair, greedy)."""
-    from specdec_lab.bench import MethodUnavailable
+    from specdec_lab.bench_runner import MethodUnavailable
     from specdec_lab.engines import require_zoo_pair
 
     reason = missing()
@@ -353,7 +353,7 @@ def zoo_files(context) -> dict[str, Path]:
 
 def plain_runner(context):
     """A bench runner: llama.cpp's greedy decoding through its Python bindings, on the bench's threads."""
-    from specdec_lab.bench import RunResult
+    from specdec_lab.bench_runner import RunResult
     from specdec_lab.stats import DecodeStats
 
     model = load(zoo_files(context)["target"], threads=context.config.threads)
@@ -373,7 +373,7 @@ def example_runner(name: str):
     """
 
     def build(context):
-        from specdec_lab.bench import MethodUnavailable, RunResult
+        from specdec_lab.bench_runner import MethodUnavailable, RunResult
 
         files, config = zoo_files(context), context.config
         draft = files["draft"] if name == "llama-speculative-simple" else None

@@ -9,6 +9,8 @@ alone. Second, every wall-clock figure is slower than on a quiet machine, and un
 is only meaningful if the load stayed the same during both. `check_speed` times one target forward and reads the
 load average. It compares the forward with the model card's only when the card was measured on the same kind of
 machine (`machine_kind`); on another machine a slower forward says nothing about load, and the check says so.
+
+`describe_machine` records the machine and software a benchmark or a tuner profile was measured on.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +52,32 @@ def machine_kind() -> str:
 def plural(count: int, noun: str) -> str:
     """'1 thread', '2 threads'."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def describe_machine(threads: int) -> dict:
+    """The machine and software the figures were measured on; threads: the torch threads they were measured with."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "device": "cuda: " + torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
 
 
 def threads_for(cores: int, load: float | None) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
@@ -41,11 +42,38 @@ class ModelPair:
     tokenizer: PreTrainedTokenizerBase
 
 
+def available_devices() -> list[str]:
+    """The devices torch can use on this machine, in words: "cpu", then "cuda:0" ... and "mps" where present."""
+    found = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return found + (["mps"] if torch.backends.mps.is_available() else [])
+
+
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """`device` if given, else CUDA when present, else CPU."""
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """`device` if given (checked: a device this machine has), else CUDA when present, else CPU.
+
+    device: "cpu", "cuda", "cuda:1", "mps", a torch.device, or None. Raises ValueError naming the device asked for
+    and the ones available when this machine (or this build of torch) has no such device.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"unknown device {device!r}: {error}; this machine has {', '.join(available_devices())}") \
+            from None
+    build = f"torch {torch.__version__}"
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "no CUDA device is visible" if torch.backends.cuda.is_built() else f"{build} is built without CUDA"
+            raise ValueError(f"device {str(device)!r} asked for, but {why} on this machine; it has "
+                             f"{', '.join(available_devices())} (pass device='cpu', or None to choose)")
+        if chosen.index is not None and chosen.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} asked for, but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s): {', '.join(available_devices())}")
+    elif chosen.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {str(device)!r} asked for, but {build} has no usable MPS (Apple GPU) device here; "
+                         f"this machine has {', '.join(available_devices())}")
+    return chosen
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -71,6 +99,36 @@ def zoo_path(name: str = DEFAULT_ZOO) -> Path:
     return ZOO_ROOT / name
 
 
+def unreadable_weights(folder: str | os.PathLike) -> list[tuple[Path, str]]:
+    """The `*.safetensors` files of `folder` that safetensors cannot open (truncated, or not safetensors at all),
+    each with safetensors' own reason; [] when every file opens (or the folder has none)."""
+    bad = []
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            bad.append((path, str(error)))
+    return bad
+
+
+def corrupt_weights_message(source: str, error: Exception) -> str:
+    """What to tell a user whose model folder holds weights safetensors cannot read: which file, its size, why,
+    and how to get a good copy back."""
+    folder = Path(source)
+    bad = unreadable_weights(folder) if folder.is_dir() else []
+    if not bad:
+        return (f"could not read the weights of {source!r}: {error}. The model's safetensors file is truncated or "
+                "corrupt: download or copy it again")
+    files = "; ".join(f"{path} ({path.stat().st_size:,} bytes): {reason}" for path, reason in bad)
+    if folder.resolve().is_relative_to(ZOO_ROOT.resolve()):
+        fix = ("It belongs to the shipped zoo: restore it with `git checkout -- <file>` (or `git status` to see "
+               "what changed), or rebuild the zoo with `specdec train all`")
+    else:
+        fix = "Copy or download it again (an interrupted copy or a full disk leaves a file like this)"
+    return f"the model weights are truncated or corrupt: {files}. {fix}"
+
+
 def _load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:
     local = Path(path)
     if local.is_dir() and not (local / "tokenizer_config.json").exists() and (local.parent / "tokenizer").is_dir():
@@ -84,15 +142,19 @@ def load_model(path_or_id: str | os.PathLike, device: str | torch.device | None 
     """Load a causal LM and its tokenizer from a local folder or a hub id.
 
     path_or_id: a Hugging Face model folder (or hub id, when the network allows); device: where to put it
-    (default: CUDA if present, else CPU); dtype: weight precision, a torch dtype or "fp32" / "fp16" / "bf16"
-    (default: fp16 on CUDA, fp32 on CPU). Everything the engine creates during generation follows the model's
-    device and dtype, so `load_pair(device="cuda", dtype="bf16")` needs no other change.
+    (default: CUDA if present, else CPU; a device this machine lacks is refused, naming the ones it has); dtype:
+    weight precision, a torch dtype or "fp32" / "fp16" / "bf16" (default: fp16 on CUDA, fp32 on CPU). Weights that
+    safetensors cannot read (a truncated copy) are refused with a ValueError naming the file. Everything the engine
+    creates during generation follows the model's device and dtype, so `load_pair(device="cuda", dtype="bf16")`
+    needs no other change.
     """
     device = pick_device(device)
     source = str(path_or_id)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(device, dtype))
         tokenizer = _load_tokenizer(source)
+    except SafetensorError as error:
+        raise ValueError(corrupt_weights_message(source, error)) from None
     except (OSError, ValueError) as error:
         where = "local folder" if Path(source).exists() else "not a local folder, and not fetchable as a hub id"
         raise FileNotFoundError(f"could not load a causal LM from {source!r}: {where}. Cause: {error}") from None

@@ -21,25 +21,26 @@ that observation; the tuner here does the same with a simple cost model:
 
 `choose` is the pure selection (synthetic curves in the tests); `tune` measures and returns the profile,
 a JSON-ready dict that records the device it was measured on; `tuned_settings` reads a profile back as
-drafter settings for a method and a temperature (`generate(..., tuned=...)`, `specdec ... --tuned`).
+drafter settings for a method and a temperature (`generate(..., tuned=...)`, `specdec ... --tuned`). The readers
+live in `specdec_lab.profiles` (decoding with a profile needs none of the measuring here) and stay importable
+from this module.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from specdec_lab.cache import CachePlan, cache_plan, new_cache, truncate
+from specdec_lab.profiles import FORMAT, apply_profile, load_profile, tuned_settings
 from specdec_lab.tree import DraftTree
 
-FORMAT = "specdec-tune/1"
+__all__ = ["FORMAT", "apply_profile", "load_profile", "tuned_settings"]  # the profile readers, kept here for callers
 TOKENS_FED = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 METHODS = ("draft", "eagle", "eagle-tree")
 TREE_GRID = {"total_tokens": (4, 6, 8, 16, 32), "depth": (4, 6), "top_k": (4,)}
@@ -331,7 +332,7 @@ def tune(pair=None, head=None, prompts: int = 6, max_new_tokens: int = 48, tempe
     measure and calibrate with compiled forwards over static caches (`generate(compile=True)`), so the choices
     fit runs with `compile=True` (recorded in the profile).
     """
-    from specdec_lab.bench import describe_machine
+    from specdec_lab.machine import describe_machine
     from specdec_lab.models import load_pair, zoo_path
     from specdec_lab.train.corpus import function_prompts
 
@@ -417,58 +418,3 @@ def format_choice(entry: dict) -> str:
             lines.append(f"    {c['settings']}  tau {c['tau']:.2f}  draft {c['draft_ms']:.2f} ms  fed {c['fed']}  "
                          f"overhead {c['overhead_ms']:.2f} ms -> {c['predicted_tokens_per_second']:.1f} tokens/s")
     return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------- using a profile
-
-
-def load_profile(profile: str | Path | dict) -> dict:
-    """A profile from a JSON file written by `specdec tune` (or the dict itself); checks its format."""
-    if isinstance(profile, dict):
-        data = profile
-    else:
-        path = Path(profile)
-        if not path.is_file():
-            raise FileNotFoundError(f"no tuner profile at {path}: write one with `specdec tune --out {path}`")
-        data = json.loads(path.read_text())
-    if data.get("format") != FORMAT:
-        raise ValueError(f"not a specdec tuner profile (format {data.get('format')!r}, expected {FORMAT!r})")
-    return data
-
-
-def tuned_settings(profile: str | Path | dict, method: str, temperature: float) -> dict:
-    """The drafter keyword arguments a profile chose for `method` at `temperature`.
-
-    profile: a path or a loaded profile; method: "draft" (returns {"k"}), "eagle" ({"depth"}) or
-    "eagle-tree" ({"total_tokens", "depth", "top_k"}, plus "alpha" when sampling); temperature: the run's
-    (0 reads the greedy choice, > 0 the sampled one).
-    """
-    data = load_profile(profile)
-    key = "greedy" if temperature == 0 else "sampled"
-    if key not in data["choices"]:
-        raise ValueError(f"the profile has no {key} choice (it was tuned at temperatures "
-                         f"{[c['temperature'] for c in data['choices'].values()]}); rerun `specdec tune`")
-    choice = data["choices"][key]["choice"]
-    if method not in choice:
-        raise ValueError(f"the profile has no setting for {method!r} (it has {sorted(choice)})")
-    return dict(choice[method])
-
-
-def apply_profile(drafter, profile: str | Path | dict, temperature: float) -> None:
-    """Set a drafter's draft length or tree budget from a profile, in place (other drafters are refused).
-
-    drafter: a `DraftModelDrafter` or an `EagleDrafter`; profile: a path or a loaded profile; temperature:
-    the run's.
-    """
-    from specdec_lab.drafters.draft_model import DraftModelDrafter
-    from specdec_lab.drafters.eagle import EagleDrafter
-
-    if isinstance(drafter, DraftModelDrafter):
-        drafter.k = tuned_settings(profile, "draft", temperature)["k"]
-    elif isinstance(drafter, EagleDrafter):
-        method = "eagle" if drafter.mode == "chain" else "eagle-tree"
-        for name, value in tuned_settings(profile, method, temperature).items():
-            setattr(drafter, name, value)
-        drafter._shapes.clear()
-    else:
-        raise ValueError(f"a tuner profile sets draft-model and EAGLE drafters only, not {type(drafter).__name__}")

@@ -360,7 +360,7 @@ def bench_runner(method: str):
     """A bench-runner builder for one of METHODS: one engine (loaded once), one prompt per call."""
 
     def build(context):
-        from specdec_lab.bench import MethodUnavailable, RunResult
+        from specdec_lab.bench_runner import MethodUnavailable, RunResult
         from specdec_lab.engines import require_zoo_pair
 
         reason = missing()
@@ -433,7 +433,7 @@ def run_batches(method: str, batches: list[int], max_new_tokens: int = 64, k: in
 
     from transformers import AutoTokenizer
 
-    from specdec_lab.bench import corpus_prompts
+    from specdec_lab.bench_prompts import corpus_prompts
     from specdec_lab.models import zoo_path
 
     tokenizer = AutoTokenizer.from_pretrained(zoo_path() / "tokenizer")

@@ -177,8 +177,10 @@ def test_the_batch_check_rejects_mixed_up_sequences(known_pair, chi_square, monk
     (lambda t, d: generate_batch(t, [[1, 2], [3]], max_new_tokens=[4]), "max_new_tokens has 1 entries for 2"),
     (lambda t, d: generate_batch(t, [[1, 2], [3]], drafter=PromptLookupDrafter()), "DraftModelDrafter or none"),
     (lambda t, d: generate_batch(t, [[1, 2]], temperature=float("nan")), "temperature must be >= 0 and finite"),
+    (lambda t, d: generate_batch(t, [[1, 2]], drafter=DraftModelDrafter(d, k=2, verification="block"),
+                                 temperature=1.0), "generate_batch verifies token by token .* verification='block'"),
 ], ids=["empty prompt", "no prompts", "flat list", "float ids", "vocabularies differ", "exceeds the context",
-        "budget count", "unsupported drafter", "NaN temperature"])
+        "budget count", "unsupported drafter", "NaN temperature", "block verification"])
 def test_bad_batches_get_a_clear_error(call, message, tiny_target, tiny_draft):
     with pytest.raises(ValueError, match=message):
         call(tiny_target, tiny_draft)
