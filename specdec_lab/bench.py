@@ -33,7 +33,13 @@ import time
 import torch
 from transformers.utils import logging as hf_logging
 
-from specdec_lab.bench_costs import forward_costs, interleaved_forward_seconds, median_forward_seconds
+from specdec_lab.bench_costs import (
+    decode_floor,
+    forward_costs,
+    interleaved_forward_seconds,
+    median_forward_seconds,
+    memory_bandwidth,
+)
 from specdec_lab.bench_methods import (
     AssistantSettings,
     HFStepRecorder,
@@ -153,6 +159,7 @@ def run_benchmark(config: BenchConfig, pair: ModelPair | None = None) -> dict:
                    for kind in config.prompt_sets}
     first_prompt = next(iter(prompt_sets.values()))[0].ids
     costs = forward_costs(pair, first_prompt, config.k)
+    costs["floor"] = decode_floor(pair.target, memory_bandwidth(device=next(pair.target.parameters()).device))
     total = len(prompt_sets) * config.repeats * config.prompts * len(runners)
     sets = {}
     # transformers' assisted generation warns about its own internal call on every step; keep the bar readable.

@@ -3,6 +3,10 @@
 `forward_costs` gives the figures of Leviathan et al.'s closed form: the target on 1 and on k + 1 tokens after a
 cached prefix, the draft on 1 token, c = draft / target and the verification ratio. The cases are timed in turns
 (`interleaved_forward_seconds`), so a slow patch of a shared machine hits them alike and their ratios stay fair.
+
+`memory_bandwidth` and `decode_floor` give the other yardstick: a plain decode step reads every weight once, so
+weights / bandwidth is the fastest it can be (gpt-fast's point: a loop far above that floor is paying for
+overhead, not arithmetic).
 """
 
 from __future__ import annotations
@@ -14,9 +18,59 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec_lab.cache import new_cache, truncate
+from specdec_lab.theory import weight_streaming_seconds
 
 if TYPE_CHECKING:
     from specdec_lab.models import ModelPair
+
+
+BANDWIDTH_MEGABYTES = 256  # far larger than any CPU cache, so the figure is main memory's, not the caches'
+
+
+def memory_bandwidth(megabytes: int = BANDWIDTH_MEGABYTES, trials: int = 5, device: str | torch.device = "cpu") -> dict:
+    """This machine's memory bandwidth, STREAM-style: the best of `trials` of a copy (one read and one write of
+    every byte) and of a sum (one read), of a `megabytes` fp32 tensor, in GB/s (1e9 bytes/s).
+
+    The sum is the figure for decoding (weights are only read); the best trial, because a busy machine only ever
+    makes a trial slower, never faster.
+    """
+    source = torch.ones(megabytes * 2**20 // 4, device=device)
+    target = torch.empty_like(source)
+    nbytes = source.numel() * source.element_size()
+
+    def best_seconds(operation) -> float:
+        operation()  # first touch: page faults and lazy allocation are not bandwidth
+        times = []
+        for _ in range(trials):
+            if source.is_cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            operation()
+            if source.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    copy_seconds = best_seconds(lambda: target.copy_(source))
+    sum_seconds = best_seconds(lambda: source.sum())
+    return {"megabytes": megabytes, "trials": trials, "copy_gb_s": round(2 * nbytes / copy_seconds / 1e9, 2),
+            "read_gb_s": round(nbytes / sum_seconds / 1e9, 2)}
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's weights (a tied embedding and output matrix counted once: it is read once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def decode_floor(model: torch.nn.Module, bandwidth: dict) -> dict:
+    """The bandwidth floor of one plain decode step of `model`: its weight bytes over the measured read
+    bandwidth (`memory_bandwidth`), in ms, and the tokens/s that floor allows. A model that fits in the CPU's
+    last-level cache can beat it (its weights need not come from main memory every step)."""
+    nbytes = weight_bytes(model)
+    parameters = sum(p.numel() for p in model.parameters())
+    floor_ms = 1e3 * weight_streaming_seconds(parameters, nbytes / parameters, bandwidth["read_gb_s"] * 1e9)
+    return {"weight_megabytes": round(nbytes / 1e6, 2), "floor_ms_per_token": round(floor_ms, 3),
+            "floor_tokens_per_second": round(1e3 / floor_ms, 1), **bandwidth}
 
 
 def median_forward_seconds(model, prefix: list[int], new_tokens: int, trials: int) -> float:

@@ -101,6 +101,31 @@ def hf_runner(context: BenchContext, **method_kwargs) -> Runner:
     return run
 
 
+def hf_compiled_runner(context: BenchContext) -> Runner:
+    """`hf-generate-compiled`: the target's own `generate` over transformers' static cache with its forward
+    compiled (transformers compiles on its own only on accelerators; `_compile_all_devices` asks for it on a
+    CPU too). The static cache is sized like ours (`CachePlan.static_length`), so both compiled rows attend
+    over the same preallocated length. Runs under `--compile`, or when asked for by name."""
+    from transformers.generation import CompileConfig
+
+    from specdec_lab.cache import CachePlan
+
+    config = context.config
+    if not config.compile and "hf-generate-compiled" not in (config.methods or []):
+        raise MethodUnavailable("compiles on first use (minutes on a small CPU): ask for it (--compile, or "
+                                "--methods ...,hf-generate-compiled)")
+    device = next(context.pair.target.parameters()).device
+    compile_config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default")
+    compile_config._compile_all_devices = True
+
+    def run(ids: list[int], seed: int) -> RunResult:
+        length = CachePlan("static", len(ids) + config.max_new_tokens + 1).static_length
+        return hf_runner(context, cache_implementation="static", compile_config=compile_config,
+                         max_cache_len=length)(ids, seed)
+
+    return run
+
+
 def ours_runner(context: BenchContext, drafter, compile: bool | None = None) -> Runner:
     """A runner around `specdec_lab.generate` with one drafter instance (None = plain decoding); compile: compiled
     forwards over a static cache (None: as the config says)."""
@@ -255,6 +280,8 @@ def all_methods() -> list[Method]:
     eagle, medusa = "specdec_lab.drafters.eagle", "specdec_lab.drafters.medusa"
     return [
         Method(BASELINE, "HF generate (baseline)", "hf", "autoregressive", lambda c: hf_runner(c)),
+        Method("hf-generate-compiled", "HF generate, static cache + torch.compile", "hf", "autoregressive",
+               hf_compiled_runner),
         Method("plain", "ours, autoregressive", "ours", "autoregressive", lambda c: ours_runner(c, None)),
         Method("plain-compiled", "ours, autoregressive, static cache + torch.compile", "ours", "autoregressive",
                lambda c: compiled_runner(c, "plain-compiled", None)),

@@ -63,7 +63,17 @@ def summarise(record: MethodRecord, baseline: MethodRecord, reference: MethodRec
         if record.method.family == "ours" and stats.total_seconds else None,
     }
     row.update(efficiency(record, row, reference, config, costs))
+    row["times_floor"] = times_floor(row, costs)
     return row
+
+
+def times_floor(row: dict, costs: dict) -> float | None:
+    """For a plain (autoregressive) row, its time per token over the bandwidth floor (weights / bandwidth, see
+    `bench_costs.decode_floor`): 1.0 is a loop that only streams weights; None for speculative rows."""
+    floor = costs.get("floor")
+    if row["kind"] != "autoregressive" or not floor or not row["tokens_per_second"]:
+        return None
+    return round(1e3 / row["tokens_per_second"] / floor["floor_ms_per_token"], 2)
 
 
 def new_tokens_of(record: MethodRecord) -> int:

@@ -26,6 +26,7 @@ COLUMNS = [
     ("predicted", "predicted_speedup", "{:.2f}x"),
     ("meas/pred", "efficiency", "{:.2f}"),
     ("meas/pred (costed)", "efficiency_costed", "{:.2f}"),
+    ("x floor", "times_floor", "{:.1f}x"),
 ]
 
 
@@ -75,6 +76,14 @@ def describe_run(result: dict) -> list[str]:
         lines.append(f"forward cost: target {costs['target_1_ms']:.2f} ms (1 token), {costs['target_k1_ms']:.2f} ms "
                      f"(k + 1 tokens, x{costs['verify_ratio']:.2f}); draft {costs['draft_1_ms']:.2f} ms; "
                      f"c = {costs['c']:.3f}")
+    if costs.get("floor"):
+        floor = costs["floor"]
+        lines.append(f"bandwidth floor: memory reads {floor['read_gb_s']:.1f} GB/s (copy {floor['copy_gb_s']:.1f} "
+                     f"GB/s, {floor['megabytes']} MB, best of {floor['trials']}); target weights "
+                     f"{floor['weight_megabytes']:.1f} MB, so one plain step takes at least "
+                     f"{floor['floor_ms_per_token']:.2f} ms ({floor['floor_tokens_per_second']:.0f} tokens/s); "
+                     "x floor = a plain row's time per token over that floor (below 1 when the weights fit in the "
+                     "caches)")
     return lines
 
 

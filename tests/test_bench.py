@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec_lab import bench
 from specdec_lab.bench import BenchConfig, BenchContext, HFStepRecorder, corpus_prompts, hf_runner
@@ -24,7 +24,7 @@ ROW_FIELDS = {
     "speedup", "tau", "acceptance_rate", "per_position_acceptance", "conditional_acceptance", "target_forwards",
     "drafted", "accepted",
     "outputs_equal_to_baseline", "equal_to_baseline", "draft_share", "alpha", "measured_speedup_vs_own_ar",
-    "predicted_speedup", "efficiency", "predicted_speedup_costed", "efficiency_costed",
+    "predicted_speedup", "efficiency", "predicted_speedup_costed", "efficiency_costed", "times_floor",
 }
 CORE_METHODS = {"hf-generate", "plain", "hf-assisted", "draft", "hf-lookup", "lookup"}
 
@@ -192,3 +192,36 @@ def test_forward_costs_time_the_cases_in_turns(tiny_target, tiny_draft):
     assert costs["verify_ratio"] == pytest.approx(costs["target_k1_ms"] / costs["target_1_ms"], rel=1e-3)
     assert costs["c"] == pytest.approx(costs["draft_1_ms"] / costs["target_1_ms"], rel=1e-3)
     assert costs["prefix_tokens"] == 19 and min(costs["target_1_ms"], costs["draft_1_ms"]) > 0
+
+
+@pytest.mark.compile
+def test_hf_generate_compiled_baseline_matches_the_eager_baseline(saved_pair, tmp_path):
+    # Like with like: transformers' own static cache and compiled forward, as a second baseline row. Greedy,
+    # it must emit what the eager `generate` emits; without --compile it runs only when asked for by name.
+    result, _ = run_cli(saved_pair, tmp_path, "--methods", "plain,hf-generate-compiled", "--sets", "heldout")
+    row = result["sets"]["heldout"]["methods"]["hf-generate-compiled"]
+    assert row["family"] == "hf" and row["outputs_equal_to_baseline"] == result["settings"]["prompts"]
+    skipped, _ = run_cli(saved_pair, tmp_path / "again", "--methods", "plain", "--sets", "heldout")
+    assert "hf-generate-compiled" not in skipped["sets"]["heldout"]["methods"]
+
+
+def test_bench_holds_plain_rows_against_the_bandwidth_floor(saved_pair, tmp_path):
+    result, out = run_cli(saved_pair, tmp_path, "--methods", "plain,draft", "--sets", "heldout")
+    floor = result["costs"]["floor"]
+    target_bytes = sum(t.numel() * t.element_size() for t in
+                       AutoModelForCausalLM.from_pretrained(str(saved_pair[0])).parameters())
+    assert floor["weight_megabytes"] == pytest.approx(target_bytes / 1e6, abs=0.01)
+    assert floor["floor_ms_per_token"] == pytest.approx(1e3 * target_bytes / (floor["read_gb_s"] * 1e9), rel=1e-2)
+    rows = result["sets"]["heldout"]["methods"]
+    for name in ("hf-generate", "plain"):  # time per token over the floor
+        expected = 1e3 / rows[name]["tokens_per_second"] / floor["floor_ms_per_token"]
+        assert rows[name]["times_floor"] == pytest.approx(expected, rel=1e-2)
+    assert rows["draft"]["times_floor"] is None  # speculative rows are not one weight pass per token
+    assert "bandwidth floor" in (out / "bench.md").read_text()
+
+
+def test_memory_bandwidth_is_measured_not_assumed():
+    from specdec_lab.bench_costs import memory_bandwidth
+
+    small = memory_bandwidth(megabytes=8, trials=2)
+    assert small["read_gb_s"] > 0.1 and small["copy_gb_s"] > 0.1 and small["megabytes"] == 8
