@@ -93,7 +93,8 @@ __all__ = [
     "all_methods", "build_hf_assisted", "build_hf_lookup", "build_runners", "compiled_runner", "corpus_prompts",
     "describe_machine", "documented_functions", "efficiency", "forward_costs", "hf_runner", "hf_sampling_kwargs",
     "interleaved_forward_seconds", "llamacpp_methods", "load_models", "make_eagle", "make_lookahead", "make_medusa",
-    "median_forward_seconds", "merged_stats", "method_names", "model_card", "need_draft", "new_tokens_of",
+    "median_forward_seconds", "memory_bandwidth", "decode_floor", "merged_stats", "method_names", "model_card",
+    "need_draft", "new_tokens_of",
     "optional_drafter", "ours_runner", "run_benchmark", "select_methods", "settings_dict", "shown_then_repeated",
     "signature_and_docstring", "summarise", "summarise_set", "time_methods", "tuned", "vllm_methods",
 ]

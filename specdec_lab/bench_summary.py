@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from specdec_lab.bench_prompts import Prompt
 from specdec_lab.bench_runner import BASELINE, BenchConfig, Method, RunResult
 from specdec_lab.stats import DecodeStats, rounded
-from specdec_lab.theory import alpha_from_tau, expected_speedup
+from specdec_lab.theory import alpha_from_tau, costed_speedup, expected_speedup
 
 # Each family's own autoregressive loop: the reference of its measured-vs-predicted efficiency figures.
 OWN_AUTOREGRESSIVE = {"hf": BASELINE, "ours": "plain", "llama.cpp": "llamacpp", "vllm": "vllm"}
@@ -115,7 +115,7 @@ def efficiency(record: MethodRecord, row: dict, reference: MethodRecord | None, 
     own_ar_speed = statistics.median(new_tokens_of(reference) / sum(s) for s in reference.seconds)
     measured = row["tokens_per_second"] / own_ar_speed
     predicted = expected_speedup(alpha, k, c)
-    costed = tau / (k * c + costs["verify_ratio"])
+    costed = costed_speedup(alpha, k, c, max(costs["verify_ratio"], 1.0))
     return {"alpha": round(alpha, 3), "measured_speedup_vs_own_ar": round(measured, 3),
             "predicted_speedup": round(predicted, 3), "efficiency": round(measured / predicted, 3),
             "predicted_speedup_costed": round(costed, 3), "efficiency_costed": round(measured / costed, 3)}

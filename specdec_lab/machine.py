@@ -49,6 +49,25 @@ def machine_kind() -> str:
     return f"{name or platform.processor() or platform.machine()}, {plural(cpu_cores(), 'core')}"
 
 
+def last_level_cache_bytes(root: str | os.PathLike = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size of the CPU's largest (last-level) cache, from Linux's sysfs, or None where it is not exposed.
+    A model whose weights fit in it need not stream them from main memory at every step.
+
+    root: the folder of the CPU's cache descriptions (sysfs; a test points it elsewhere)."""
+    sizes = []
+    for entry in Path(root).glob("index*"):
+        try:
+            text = (entry / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if text and text[-1] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes) if sizes else None
+
+
 def plural(count: int, noun: str) -> str:
     """'1 thread', '2 threads'."""
     return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -76,6 +76,19 @@ def expected_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_per_step(alpha, gamma) / (gamma * c + 1.0)
 
 
+def costed_speedup(alpha: float, gamma: int, c: float, verify_ratio: float) -> float:
+    """`expected_speedup` without its free-verification assumption: one step costs gamma * c + r target
+    forwards of time, where r = verify_ratio is the measured time of a forward over gamma + 1 tokens divided by
+    one over a single token (1 on a device with idle compute; above 1 on a CPU, or once a compiled forward has
+    shed the fixed cost that extra tokens used to share).
+    """
+    c = _check_cost(c)
+    if not verify_ratio >= 1.0:
+        raise ValueError(f"verify_ratio (a forward over gamma + 1 tokens / one over 1 token) must be >= 1, got "
+                         f"{verify_ratio!r}")
+    return expected_tokens_per_step(alpha, gamma) / (gamma * c + verify_ratio)
+
+
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 32) -> int:
     """The draft length in 0..max_gamma with the highest `expected_speedup` (0 means: do not speculate).
 

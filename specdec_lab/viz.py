@@ -222,6 +222,24 @@ def cost_per_forward(tokens: Sequence[int], milliseconds: Sequence[float],
     return style(fig, title, "tokens per forward (k)", "milliseconds")
 
 
+def cost_curves(tokens: Sequence[int], curves: Mapping[str, Sequence[float]], floor_ms: float | None = None,
+                title: str = "One forward: eager against compiled") -> go.Figure:
+    """Several measured forward-cost curves (ms against tokens fed) on one chart, with the bandwidth floor.
+
+    tokens: tokens fed per forward; curves: name -> milliseconds per forward (same order as tokens);
+    floor_ms: weights / memory bandwidth, the least a forward can take when it streams every weight (a line).
+    """
+    fig = go.Figure()
+    for i, (name, milliseconds) in enumerate(curves.items()):
+        fig.add_scatter(x=list(tokens), y=list(milliseconds), name=name, mode="lines+markers",
+                        line={"color": SEQUENCE[i % len(SEQUENCE)]})
+    if floor_ms is not None:
+        fig.add_hline(y=floor_ms, line={"dash": "dot", "color": COLORS["theory"]},
+                      annotation_text=f"bandwidth floor {floor_ms:.2f} ms", annotation_position="bottom right")
+    fig.update_yaxes(rangemode="tozero")
+    return style(fig, title, "tokens per forward", "milliseconds")
+
+
 def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, float] | None = None,
              title: str = "Roofline: attainable compute vs arithmetic intensity") -> go.Figure:
     """A roofline: attainable FLOP/s = min(peak, intensity * bandwidth), on log axes, with labelled points.

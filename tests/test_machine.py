@@ -69,3 +69,13 @@ def test_check_speed_times_a_forward_and_reads_the_card(tiny_target, tmp_path, c
     assert check.measured_ms > 0 and check.card_ms == 1e-3 and check.card_threads == 2
     assert check.loaded  # any real forward is far slower than a microsecond
     assert "LOADED" in capsys.readouterr().out
+
+
+def test_last_level_cache_is_the_largest_cache_sysfs_lists(tmp_path):
+    from specdec_lab.machine import last_level_cache_bytes
+
+    for index, size in enumerate(("32K", "1024K", "32768K", "garbage")):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 32 * 2**20
+    assert last_level_cache_bytes(tmp_path / "absent") is None

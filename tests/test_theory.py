@@ -121,3 +121,13 @@ def test_arithmetic_operations_factor_matches_a_simulation():
         tokens += kept + 1
     assert operations / tokens == pytest.approx(theory.arithmetic_operations_factor(alpha, gamma, c_hat), rel=0.01)
     assert theory.arithmetic_operations_factor(0.5, 4, 0.05) > theory.arithmetic_operations_factor(0.9, 4, 0.05)
+
+
+def test_costed_speedup_charges_the_measured_verification():
+    # With free verification (r = 1) it is Leviathan et al.'s closed form; a dearer verification lowers it, and
+    # by exactly the step's extra cost.
+    assert theory.costed_speedup(0.8, 4, 0.1, 1.0) == pytest.approx(theory.expected_speedup(0.8, 4, 0.1))
+    tau = theory.expected_tokens_per_step(0.8, 4)
+    assert theory.costed_speedup(0.8, 4, 0.1, 1.5) == pytest.approx(tau / (4 * 0.1 + 1.5))
+    with pytest.raises(ValueError, match="verify_ratio"):
+        theory.costed_speedup(0.8, 4, 0.1, 0.5)

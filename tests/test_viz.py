@@ -89,3 +89,12 @@ def test_tree_layout_and_figure():
         viz.tree_layout([0])
     with pytest.raises(ValueError, match="one label per node"):
         viz.draft_tree([-1], [])
+
+
+def test_cost_curves_draw_every_curve_and_the_floor():
+    from specdec_lab import viz
+
+    fig = viz.cost_curves([1, 4, 8], {"eager": [5.0, 6.0, 7.0], "compiled": [3.0, 3.5, 4.0]}, floor_ms=2.3)
+    assert [trace.name for trace in fig.data] == ["eager", "compiled"]
+    assert list(fig.data[1].y) == [3.0, 3.5, 4.0]
+    assert any("2.30 ms" in (a.text or "") for a in fig.layout.annotations)
