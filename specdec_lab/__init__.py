@@ -14,6 +14,7 @@ from specdec_lab.drafters.eagle import EagleDrafter, EagleHead
 from specdec_lab.drafters.jacobi import jacobi_decode
 from specdec_lab.drafters.lookahead import LookaheadDrafter
 from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
+from specdec_lab.drafters.mtp import MTPDrafter, MTPHeads
 from specdec_lab.drafters.suffix import SuffixDrafter
 from specdec_lab.models import ModelPair, load_model, load_pair, zoo_path
 from specdec_lab.sampling import SamplingConfig, process_logits
@@ -30,4 +31,5 @@ __all__ = [
     "EagleDrafter", "EagleHead",
     "BatchGenerationOutput", "generate_batch",
     "SuffixDrafter", "verify_block",
+    "MTPDrafter", "MTPHeads",
 ]

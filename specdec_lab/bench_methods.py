@@ -270,6 +270,11 @@ def tuned(config: BenchConfig, method: str) -> dict:
     return tuned_settings(config.tuned, method, config.temperature)
 
 
+def make_mtp(drafter_class, path: Path, context: BenchContext):
+    """MTP modules load with the target they extend and draft one token per module (a chain)."""
+    return drafter_class.from_pretrained(path, context.pair.target)
+
+
 def make_lookahead(drafter_class, path: Path | None, context: BenchContext):
     """Lookahead needs no weights; its window and n-gram sizes stay at the drafter's defaults."""
     return drafter_class()
@@ -322,6 +327,8 @@ def all_methods() -> list[Method]:
                optional_drafter(eagle, "EagleDrafter", "eagle", make_eagle("tree-top"))),
         Method("eagle3-tree", "ours, EAGLE-3 fused features, dynamic tree", "ours", "tree",
                optional_drafter(eagle, "EagleDrafter", "eagle3", make_eagle("tree"))),
+        Method("mtp", "ours, MTP modules (DeepSeek-V3 multi-token prediction), chain", "ours", "chain",
+               optional_drafter("specdec_lab.drafters.mtp", "MTPDrafter", "mtp", make_mtp)),
         Method("lookahead", "ours, lookahead (Jacobi window + n-gram pool)", "ours", "tree",
                optional_drafter("specdec_lab.drafters.lookahead", "LookaheadDrafter", None, make_lookahead)),
         *llamacpp_methods(),

@@ -40,7 +40,11 @@ def build_drafter(method: str, pair, k: int):
         if method == "eagle":
             return sd.EagleDrafter(sd.EagleHead.load(sd.zoo_path() / "eagle", pair.target), mode="tree",
                                    total_tokens=16)
-    except FileNotFoundError as error:
+        if method == "mtp":
+            from specdec_lab.drafters.mtp import MTPDrafter
+
+            return MTPDrafter.from_pretrained(sd.zoo_path() / "mtp", pair.target)
+    except (FileNotFoundError, ValueError) as error:  # missing, unreadable, or made for another target
         raise SystemExit(f"error: {error}") from None
     raise SystemExit(f"unknown method {method!r}")
 
@@ -113,7 +117,7 @@ def cmd_demo(args) -> None:
           + pair.tokenizer.decode(totals["draft model k=4"][0][0].tokens))
 
 
-ALL_STAGES = ("tokenizer", "target", "draft", "medusa", "eagle", "eagle3", "card")
+ALL_STAGES = ("tokenizer", "target", "draft", "medusa", "eagle", "eagle3", "mtp", "card")
 
 
 def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | None) -> dict:
@@ -135,6 +139,10 @@ def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | 
         from specdec_lab.train.eagle import run_eagle_stage
 
         result = run_eagle_stage("eagle1" if stage == "eagle" else "eagle3", recipe, workdir, max_minutes)
+    elif stage == "mtp":
+        from specdec_lab.train.mtp import run_mtp_stage
+
+        result = run_mtp_stage(recipe, workdir, max_minutes)
     else:
         from specdec_lab.train.zoo import run_stage
 
@@ -270,9 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete a prompt and print the text and the decoding statistics")
     gen.add_argument("prompt", help="text to continue")
-    gen.add_argument("--method", choices=["plain", "draft", "lookup", "lookahead", "medusa", "eagle"],
+    gen.add_argument("--method", choices=["plain", "draft", "lookup", "lookahead", "medusa", "eagle", "mtp"],
                      default="draft", help="plain autoregressive, draft-model speculation, prompt lookup, "
-                     "lookahead (Jacobi), or the zoo's Medusa heads or EAGLE head (EAGLE-2 tree) (default: draft)")
+                     "lookahead (Jacobi), or the zoo's Medusa heads, EAGLE head (EAGLE-2 tree) or MTP modules "
+                     "(DeepSeek-V3 multi-token prediction, a chain) (default: draft)")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per step (default: 4)")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
@@ -295,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("stage", choices=["all", *ALL_STAGES],
                        help="what to train (card: re-measure the zoo and rewrite its model card; "
                             "medusa: the Medusa heads on the zoo target, with their tree and figures; "
-                            "eagle / eagle3: the EAGLE-1 head / its EAGLE-3-style variant on the zoo target)")
+                            "eagle / eagle3: the EAGLE-1 head / its EAGLE-3-style variant on the zoo target; "
+                            "mtp: DeepSeek-V3-style multi-token prediction modules on the zoo target)")
     train.add_argument("--recipe", help="recipe JSON (default: the shipped zoo's recipe.json)")
     train.add_argument("--workdir", default="runs", help="checkpoints and logs (default: ./runs)")
     train.add_argument("--max-minutes", type=float, default=None,
@@ -309,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", help="comma-separated subset, e.g. plain,draft,hf-assisted (default: all that "
                        "exist: hf-generate plain hf-assisted draft draft-block draft-adaptive hf-lookup lookup "
                        "suffix medusa medusa-typical eagle eagle-adaptive eagle-tree eagle-tree-top eagle3-tree "
-                       "lookahead; the hf-generate baseline always runs)")
+                       "mtp lookahead; the hf-generate baseline always runs)")
     bench.add_argument("--k", type=int, default=4, help="tokens drafted per step by draft models (default: 4)")
     bench.add_argument("--lookup-k", type=int, default=10, help="most tokens drafted by prompt lookup (default: 10)")
     bench.add_argument("--tree-tokens", type=int, default=16,

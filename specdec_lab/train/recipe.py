@@ -1,7 +1,7 @@
 """The zoo recipe: every hyper-parameter of every shipped model, stored as JSON next to the weights.
 
 One file reproduces the whole zoo (`specdec train all --recipe <file>`). Stages that later code adds (Medusa,
-EAGLE heads) keep their own section in the same file.
+EAGLE heads, MTP modules) keep their own section in the same file.
 """
 
 from __future__ import annotations
@@ -62,6 +62,30 @@ class TargetOutputs:
     max_prompt_tokens: int = 160
     batch_size: int = 64
     share: float = 0.5
+
+
+@dataclass
+class MTPRecipe:
+    """The "mtp" section: multi-token prediction modules (DeepSeek-V3) on the frozen target.
+
+    num_modules: K, one module per draft depth; loss_decay: depth d's loss weighs loss_decay^(d-1) (as Medusa's
+    heads); init_from_layer: target layer every module's decoder layer starts from (None = random); run:
+    optimiser settings (the same data and batch shapes as the EAGLE heads).
+    """
+
+    num_modules: int = 3
+    loss_decay: float = 0.8
+    init_from_layer: int | None = -1
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=300, batch_size=4, seq_len=256, lr=1e-3,
+                                                             warmup_steps=20, eval_every=50, eval_batches=2,
+                                                             checkpoint_every=25))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MTPRecipe:
+        """Read the section (its "run" becomes a `RunConfig`)."""
+        data = dict(data)
+        run = RunConfig(**data.pop("run")) if "run" in data else None
+        return cls(**data, run=run) if run else cls(**data)
 
 
 @dataclass

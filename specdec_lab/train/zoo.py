@@ -47,7 +47,7 @@ def carry_folder(zoo_dir: Path, phase: str) -> Path:
 
 # The training phases of each stage, in order (the draft distils in two phases, each with its own checkpoint).
 STAGE_PHASES = {"target": ("target",), "draft": ("draft", "draft-tune"), "medusa": ("medusa",),
-                "eagle": ("eagle1",), "eagle3": ("eagle3",)}
+                "eagle": ("eagle1",), "eagle3": ("eagle3",), "mtp": ("mtp",)}
 
 
 def phase_workdir(zoo_dir: Path, workdir: Path, phase: str) -> Path:
@@ -222,11 +222,15 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
 
 
 def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minutes: float | None = None) -> dict:
-    """Run one zoo stage ("tokenizer", "target" or "draft") and write its output into the zoo folder.
+    """Run one zoo stage ("tokenizer", "target", "draft" or "mtp") and write its output into the zoo folder.
 
     recipe_path: the recipe JSON (its folder is the zoo folder); workdir: scratch space for checkpoints,
     logs and token caches; max_minutes: pause (checkpointed) after this long, to resume with the same call.
     """
+    if stage == "mtp":  # a head stage: its module imports this one, hence the late import
+        from specdec_lab.train.mtp import run_mtp_stage
+
+        return run_mtp_stage(recipe_path, workdir, max_minutes)
     recipe_path = Path(recipe_path)
     recipe = ZooRecipe.load(recipe_path)
     zoo_dir = recipe_path.parent
