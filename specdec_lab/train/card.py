@@ -20,6 +20,9 @@ from specdec_lab.train.zoo import record_result
 # The fixed validation windows on which the card's loss is measured (and a test re-measures it).
 CHECK_WINDOWS = 8
 CHECK_LENGTH = 512
+# The card also records the acceptance on its first this many prompts, which the test suite re-measures (a
+# regression check that is fast enough to run on every commit).
+REGRESSION_PROMPTS = 20
 
 
 def validation_windows(tokenizer, count: int = CHECK_WINDOWS, length: int = CHECK_LENGTH) -> torch.Tensor:
@@ -69,7 +72,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
     target_ms, draft_ms = forward_milliseconds(pair.target), forward_milliseconds(pair.draft)
     texts = heldout_prompts(prompts)
     parsed, looping, drafted, accepted, new_tokens, forwards, same = 0, 0, 0, 0, 0, 0, 0
-    samples = []
+    samples, first_prompts = [], None
     started = time.time()
     for i, text in enumerate(texts):
         ids = pair.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -86,6 +89,8 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
         forwards += spec.stats.target_forwards
         if i < 3:
             samples.append({"prompt": text, "completion": completion})
+        if i == REGRESSION_PROMPTS - 1:
+            first_prompts = {"prompts": REGRESSION_PROMPTS, "drafted": drafted, "accepted": accepted}
     return {
         "check_windows": f"{CHECK_WINDOWS} x {CHECK_LENGTH} tokens, evenly spaced in the validation stream",
         "target_val_loss": round(target_loss, 4),
@@ -99,6 +104,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
         "k": k,
         "greedy_acceptance_rate": round(accepted / drafted, 3),
         "greedy_tau": round(new_tokens / forwards, 3),
+        "first_prompts_acceptance": first_prompts,
         "speculative_equals_plain": f"{same}/{len(texts)}",
         "target_forward_ms": round(target_ms, 3),
         "draft_forward_ms": round(draft_ms, 3),
