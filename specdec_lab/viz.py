@@ -240,6 +240,24 @@ def cost_curves(tokens: Sequence[int], curves: Mapping[str, Sequence[float]], fl
     return style(fig, title, "tokens per forward", "milliseconds")
 
 
+def scaling_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], depths: Sequence[int] = (1, 4),
+                   title: str = "Head agreement against training tokens") -> go.Figure:
+    """Heads' agreement with the target against the tokens they trained on (a small scaling curve).
+
+    curves: head name -> its run's evaluations, each {"tokens": tokens seen, "acc1": agreement at depth 1, ...}
+    (the zoo's `training.json` keeps them as "learning_curve"); depths: which unroll depths to draw (solid: the
+    first, dashed: the others).
+    """
+    fig = go.Figure()
+    for i, (name, points) in enumerate(curves.items()):
+        for j, depth in enumerate(depths):
+            fig.add_scatter(x=[point["tokens"] for point in points], y=[point[f"acc{depth}"] for point in points],
+                            name=f"{name}, depth {depth}", mode="lines+markers",
+                            line={"color": SEQUENCE[i % len(SEQUENCE)], "dash": "solid" if j == 0 else "dash"})
+    fig.update_xaxes(type="log")
+    return style(fig, title, "training tokens", "agreement with the target's top token")
+
+
 def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, float] | None = None,
              title: str = "Roofline: attainable compute vs arithmetic intensity") -> go.Figure:
     """A roofline: attainable FLOP/s = min(peak, intensity * bandwidth), on log axes, with labelled points.

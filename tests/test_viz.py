@@ -98,3 +98,13 @@ def test_cost_curves_draw_every_curve_and_the_floor():
     assert [trace.name for trace in fig.data] == ["eager", "compiled"]
     assert list(fig.data[1].y) == [3.0, 3.5, 4.0]
     assert any("2.30 ms" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_scaling_curves_draw_each_head_at_each_depth():
+    from specdec_lab import viz
+
+    curve = [{"tokens": 1e6, "acc1": 0.4, "acc4": 0.3}, {"tokens": 2e6, "acc1": 0.5, "acc4": 0.45}]
+    fig = viz.scaling_curves({"eagle": curve, "eagle3": curve[::-1]})
+    assert [trace.name for trace in fig.data] == ["eagle, depth 1", "eagle, depth 4", "eagle3, depth 1",
+                                                  "eagle3, depth 4"]
+    assert list(fig.data[1].y) == [0.3, 0.45] and list(fig.data[2].x) == [2e6, 1e6]
