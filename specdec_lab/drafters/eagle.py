@@ -62,16 +62,12 @@ CHILDREN = ("sampled", "top")
 
 
 @dataclass
-class EagleConfig:
-    """Shape of an EAGLE head (one decoder layer of the target's shape) and which target features it reads.
+class LayerShape:
+    """The shape of one decoder layer of a target, for the light drafters that borrow it (EAGLE heads, MTP modules).
 
     hidden_size / intermediate_size / num_heads / num_kv_heads / head_dim / rms_norm_eps / rope_theta /
     max_position_embeddings: the target layer's shape; vocab_size: the target's vocabulary (for checks);
-    target_layers: how many layers the target has; feature_layers: indices into the target's
-    `hidden_states` tuple (0 = embeddings, target_layers = the final-normed top feature) that the head reads;
-    one index is EAGLE-1, several are fused (EAGLE-3 direction); variant: a label for model cards;
-    rank_temperature: the tree-ranking temperature fitted for this head on greedy runs over training prompts
-    (`specdec_lab.train.eagle.fit_rank_temperature`; 1.0, EAGLE-2's own ranking, until fitted).
+    target_layers: how many layers the target has.
     """
 
     hidden_size: int
@@ -84,25 +80,19 @@ class EagleConfig:
     max_position_embeddings: int
     vocab_size: int
     target_layers: int
-    feature_layers: list[int] = field(default_factory=list)
-    variant: str = "eagle1"
-    rank_temperature: float = 1.0
 
-    @classmethod
-    def from_target(cls, target: nn.Module, feature_layers: list[int] | None = None,
-                    variant: str = "eagle1") -> EagleConfig:
-        """The head config that fits `target` (feature_layers: None = the top feature only)."""
+    @staticmethod
+    def of_target(target: nn.Module) -> dict:
+        """The shape fields of `target`'s layers, as keyword arguments for a config that extends this one."""
         tc = target.config
-        layers = tc.num_hidden_layers
         rope = getattr(tc, "rope_parameters", None) or {}
-        feature_layers = [layers] if feature_layers is None else [i % (layers + 1) for i in feature_layers]
-        return cls(
+        return dict(
             hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
             num_heads=tc.num_attention_heads, num_kv_heads=getattr(tc, "num_key_value_heads", tc.num_attention_heads),
             head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
             rms_norm_eps=tc.rms_norm_eps, rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 1e4))),
-            max_position_embeddings=tc.max_position_embeddings, vocab_size=tc.vocab_size, target_layers=layers,
-            feature_layers=feature_layers, variant=variant,
+            max_position_embeddings=tc.max_position_embeddings, vocab_size=tc.vocab_size,
+            target_layers=tc.num_hidden_layers,
         )
 
     def llama_config(self) -> LlamaConfig:
@@ -116,6 +106,30 @@ class EagleConfig:
         )
         config._attn_implementation = "sdpa"
         return config
+
+
+@dataclass
+class EagleConfig(LayerShape):
+    """Shape of an EAGLE head (one decoder layer of the target's shape) and which target features it reads.
+
+    The target layer's shape and vocabulary come from `LayerShape`; feature_layers: indices into the target's
+    `hidden_states` tuple (0 = embeddings, target_layers = the final-normed top feature) that the head reads;
+    one index is EAGLE-1, several are fused (EAGLE-3 direction); variant: a label for model cards;
+    rank_temperature: the tree-ranking temperature fitted for this head on greedy runs over training prompts
+    (`specdec_lab.train.eagle.fit_rank_temperature`; 1.0, EAGLE-2's own ranking, until fitted).
+    """
+
+    feature_layers: list[int] = field(default_factory=list)
+    variant: str = "eagle1"
+    rank_temperature: float = 1.0
+
+    @classmethod
+    def from_target(cls, target: nn.Module, feature_layers: list[int] | None = None,
+                    variant: str = "eagle1") -> EagleConfig:
+        """The head config that fits `target` (feature_layers: None = the top feature only)."""
+        layers = target.config.num_hidden_layers
+        feature_layers = [layers] if feature_layers is None else [i % (layers + 1) for i in feature_layers]
+        return cls(**LayerShape.of_target(target), feature_layers=feature_layers, variant=variant)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -42,46 +42,28 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specdec_lab.cache import new_cache, truncate
 from specdec_lab.drafters.base import DecodeState, Draft, Drafter, check_verification
-from specdec_lab.drafters.eagle import EagleConfig, additive_mask, causal_allowed
+from specdec_lab.drafters.eagle import LayerShape, additive_mask, causal_allowed
 from specdec_lab.sampling import draw
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-# The decoder-layer shape is the one an EAGLE head takes from the target: read it the same way (one place).
-SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "rms_norm_eps",
-                "rope_theta", "max_position_embeddings", "vocab_size", "target_layers")
 
 
 @dataclass
-class MTPConfig:
+class MTPConfig(LayerShape):
     """Shape of the MTP modules (each one decoder layer of the target's shape) and how many there are.
 
-    hidden_size .. target_layers: the target's layer shape and vocabulary, as in `EagleConfig`; num_modules:
-    K, the draft depth; card: measured figures saved with the modules (e.g. per-depth acceptance).
+    The target's layer shape and vocabulary come from `LayerShape`; num_modules: K, the draft depth; card:
+    measured figures saved with the modules (e.g. per-depth acceptance).
     """
 
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    vocab_size: int
-    target_layers: int
     num_modules: int = 3
     card: dict = field(default_factory=dict)
 
     @classmethod
     def from_target(cls, target: nn.Module, num_modules: int = 3) -> MTPConfig:
         """The config of `num_modules` modules that fit `target`."""
-        shape = EagleConfig.from_target(target)
-        return cls(**{name: getattr(shape, name) for name in SHAPE_FIELDS}, num_modules=num_modules)
-
-    def llama_config(self) -> LlamaConfig:
-        """A one-layer `LlamaConfig` of the modules' shape (for each decoder layer, the rotary embedding, caches)."""
-        return EagleConfig(**{name: getattr(self, name) for name in SHAPE_FIELDS}).llama_config()
+        return cls(**LayerShape.of_target(target), num_modules=num_modules)
 
 
 def depth_inputs(window: torch.Tensor, depth: int) -> torch.Tensor:

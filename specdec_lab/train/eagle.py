@@ -32,7 +32,7 @@ from transformers import LlamaForCausalLM
 
 from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, additive_mask
 from specdec_lab.train.lm import fixed_eval_batches
-from specdec_lab.train.loop import hardware, read_log, train
+from specdec_lab.train.loop import hardware, learning_curve, train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
 from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
@@ -182,16 +182,6 @@ def train_head(head: EagleHead, target: LlamaForCausalLM, data: TrainingMix, val
     return result
 
 
-def learning_curve(log_path: Path, run: RunConfig) -> list[dict]:
-    """The head's agreement with the target at unroll depths 1..EVAL_STEPS at each evaluation of its run,
-    against the training tokens seen by then (the small scaling curve the card and lesson 5 draw)."""
-    tokens_per_step = run.batch_size * run.seq_len
-    evaluations = {r["step"]: r for r in read_log(log_path) if "acc1" in r}  # a replayed step: its last record
-    return [{"tokens": step * tokens_per_step,
-             **{f"acc{s}": r[f"acc{s}"] for s in range(1, EVAL_STEPS + 1) if f"acc{s}" in r}}
-            for step, r in sorted(evaluations.items())]
-
-
 def eagle_section(recipe_path: Path, target_layers: int) -> dict[str, EagleRecipe]:
     """The recipe's "eagle" section, written with the defaults when missing (re-read just before writing:
     other stages edit the same file)."""
@@ -241,7 +231,8 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     result.update(parameters=sum(p.numel() for p in head.parameters()), feature_layers=config.feature_layers,
                   unroll_steps=recipe.unroll_steps, planned_steps=run.steps,
                   tokens_seen=result["steps"] * run.batch_size * run.seq_len,
-                  learning_curve=learning_curve(phase_workdir(zoo_dir, workdir, variant) / "log.jsonl", run),
+                  learning_curve=learning_curve(phase_workdir(zoo_dir, workdir, variant) / "log.jsonl", run,
+                                                EVAL_STEPS),
                   wall_seconds_this_call=round(time.time() - started, 1))
     record_result(zoo_dir, VARIANTS[variant], result)
     if result["finished"]:

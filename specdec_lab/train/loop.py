@@ -246,3 +246,13 @@ def train(
     if changed:
         result["off_schedule"] = changed
     return result
+
+
+def learning_curve(log_path: Path, run: RunConfig, depths: int) -> list[dict]:
+    """A head's agreement with the target at depths 1..`depths` (acc1, acc2, ... in its log) at each evaluation
+    of its run, against the training tokens seen by then: the small scaling curve the card and lesson 5 draw."""
+    tokens_per_step = run.batch_size * run.seq_len
+    evaluations = {r["step"]: r for r in read_log(log_path) if "acc1" in r}  # a replayed step: its last record
+    return [{"tokens": step * tokens_per_step,
+             **{f"acc{d}": r[f"acc{d}"] for d in range(1, depths + 1) if f"acc{d}" in r}}
+            for step, r in sorted(evaluations.items())]

@@ -29,8 +29,8 @@ from transformers import LlamaForCausalLM
 from specdec_lab.drafters.mtp import MTPConfig, MTPHeads, depth_labels
 from specdec_lab.train.eagle import target_view
 from specdec_lab.train.lm import fixed_eval_batches
-from specdec_lab.train.loop import read_log, train
-from specdec_lab.train.recipe import MTPRecipe, RunConfig, ZooRecipe
+from specdec_lab.train.loop import learning_curve, train
+from specdec_lab.train.recipe import MTPRecipe, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
 from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
 
@@ -81,15 +81,6 @@ def train_mtp(heads: MTPHeads, target: LlamaForCausalLM, data: TrainingMix, val_
         with torch.no_grad():
             result.update(evaluate())
     return result
-
-
-def learning_curve(log_path: Path, run: RunConfig, depths: int) -> list[dict]:
-    """Per-depth top-1 acceptance (acc{d}) at each evaluation of the run, against the training tokens seen."""
-    tokens_per_step = run.batch_size * run.seq_len
-    evaluations = {r["step"]: r for r in read_log(log_path) if "acc1" in r}  # a replayed step: its last record
-    return [{"tokens": step * tokens_per_step,
-             **{f"acc{d}": r[f"acc{d}"] for d in range(1, depths + 1) if f"acc{d}" in r}}
-            for step, r in sorted(evaluations.items())]
 
 
 def mtp_section(recipe_path: Path) -> MTPRecipe:
