@@ -53,6 +53,12 @@ def zoo_medusa(pair: ModelPair, acceptance: str):
     return MedusaDrafter.from_pretrained(zoo_path() / "medusa", pair.target, acceptance=acceptance)
 
 
+def zoo_mtp(pair: ModelPair):
+    from specdec_lab.drafters.mtp import MTPDrafter
+
+    return MTPDrafter.from_pretrained(zoo_path() / "mtp", pair.target)
+
+
 def need_draft(pair: ModelPair):
     if pair.draft is None:
         raise FileNotFoundError("no draft model (the zoo draft is missing, or pass --draft PATH)")
@@ -68,6 +74,7 @@ METHODS = [
                 lambda pair, c: zoo_eagle(pair, c, mode="tree", children="sampled", total_tokens=c.tree_tokens)),
     SweepMethod("eagle-tree-top", "EAGLE tree, top-k children", True,
                 lambda pair, c: zoo_eagle(pair, c, mode="tree", children="top", total_tokens=c.tree_tokens)),
+    SweepMethod("mtp", "MTP modules, chain", True, lambda pair, c: zoo_mtp(pair)),
     SweepMethod("medusa", "Medusa, lossless rejection", True, lambda pair, c: zoo_medusa(pair, "rejection")),
     SweepMethod("medusa-typical", "Medusa, typical acceptance (LOSSY)", False,
                 lambda pair, c: zoo_medusa(pair, "typical")),

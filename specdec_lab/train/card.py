@@ -128,6 +128,21 @@ def eagle_summary(name: str, figures: dict) -> str:
             f"target's top token at unroll depths {'/'.join(map(str, depths))}: {agreement}.{done}")
 
 
+def mtp_summary(figures: dict) -> str:
+    """A short card section for the MTP modules from their training figures (`specdec train mtp`)."""
+    done = "" if figures.get("finished", True) else (
+        f" Training was paused at step {figures['steps']} of {figures['planned_steps']}: these modules are "
+        "under-trained; `specdec train mtp` resumes them.")
+    depths = range(1, figures["num_modules"] + 1)
+    agreement = " / ".join(f"{figures[f'acc{d}']:.2f}" for d in depths)
+    return (f"## MTP modules (`mtp/`)\n\n{figures['num_modules']} chained modules in DeepSeek-V3's layout (each: "
+            "normalised previous state and next-token embedding, projected, one decoder layer; the target's own "
+            f"embedding and output head), {figures['parameters'] / 1e6:.2f}M parameters, "
+            f"{figures['tokens_seen'] / 1e3:.0f}k training tokens on {figures['hardware']}. Agreement with the "
+            f"target's top token at depths {'/'.join(map(str, depths))} (teacher-forced, validation windows): "
+            f"{agreement}.{done}")
+
+
 def scaling_curve(results: dict) -> str:
     """Both EAGLE heads' agreement at depths 1..4 against training tokens (their runs' evaluations)."""
     heads = [name for name in ("eagle", "eagle3") if results.get(name, {}).get("learning_curve")]
@@ -317,11 +332,15 @@ def write_model_card(zoo_dir: str | Path) -> Path:
             notes.append(off_schedule_note(stage, results[stage]["off_schedule"]))
     if notes:
         lines += ["", "Training notes:", ""] + [f"- {note}" for note in notes]
-    for section in ("medusa", "eagle", "eagle3"):
+    for section in ("medusa", "eagle", "eagle3", "mtp"):
         if section in results and "card" in results[section]:
             lines += ["", results[section]["card"]]
         elif section.startswith("eagle") and section in results:
             lines += ["", eagle_summary(section, results[section])]
+        elif section == "mtp" and section in results:
+            lines += ["", mtp_summary(results[section])]
+    if "drafters_compared" in results:
+        lines += ["", drafters_section(results["drafters_compared"])]
     curve = scaling_curve(results)
     if curve:
         lines += ["", curve]
@@ -350,9 +369,37 @@ def write_model_card(zoo_dir: str | Path) -> Path:
     return path
 
 
+def compare_zoo_drafters(zoo_dir: str | Path, prompts: int = REGRESSION_PROMPTS, max_new_tokens: int = 64,
+                         k: int = 4) -> dict:
+    """Every zoo drafter as a greedy chain of `k` on the card's first `prompts` held-out prompts
+    (`specdec_lab.compare`): per-depth acceptance, tau and drafting time, side by side."""
+    import specdec_lab as sd
+    from specdec_lab.compare import compare_drafters
+
+    zoo_dir = Path(zoo_dir)
+    pair = sd.load_pair(zoo_dir / "target", zoo_dir / "draft", device="cpu")
+    ids = [pair.tokenizer(text, add_special_tokens=False)["input_ids"] for text in heldout_prompts(prompts)]
+    return compare_drafters(pair, ids, max_new_tokens=max_new_tokens, k=k, zoo=zoo_dir)
+
+
+def drafters_section(figures: dict) -> str:
+    """The card's side-by-side table of the zoo's drafters (`compare_zoo_drafters`)."""
+    from specdec_lab.compare import comparison_table
+
+    missing = "".join(f" Not measured: `{name}/` ({reason.split(':')[0]})." for name, reason in
+                      figures["skipped"].items())
+    return ("## The drafters side by side\n\nEvery drafter as a greedy chain of up to "
+            f"{figures['k']} tokens on the first {figures['prompts']} held-out prompts ({figures['max_new_tokens']} "
+            "new tokens, the same prompts for all). Each depth's figure is the acceptance at that depth among the "
+            "steps whose earlier drafted tokens were all kept; MTP drafts one token per module. Drafting time is "
+            f"one reading of this machine ({figures['threads']} threads), not a benchmark.{missing}\n\n"
+            + comparison_table(figures))
+
+
 def build_card(zoo_dir: str | Path) -> dict:
     """Evaluate the zoo, store the figures in `training.json` and rewrite the model card."""
     evaluation = evaluate_zoo(zoo_dir)
     record_result(Path(zoo_dir), "evaluation", evaluation)
+    record_result(Path(zoo_dir), "drafters_compared", compare_zoo_drafters(zoo_dir))
     write_model_card(zoo_dir)
     return evaluation
