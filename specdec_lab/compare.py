@@ -81,9 +81,10 @@ def compare_drafters(pair: ModelPair, prompts: list[list[int]], max_new_tokens: 
     pair: the target (and the draft model) the heads were trained for; prompts: token-id lists; k: the chain's
     length (MTP drafts at most its number of modules); names: contenders to run (None = all); zoo: the folder
     holding the heads (None = the shipped zoo). Returns a
-    JSON-ready dict: per contender its depth, tau, how often each depth was drafted and kept, survival (share of steps keeping depth d, i.e. every depth
-    up to d), conditional acceptance (kept at d among steps that reached d), drafting ms per step, and how many
-    prompts gave exactly the plain greedy tokens; contenders whose weights are missing are under "skipped".
+    JSON-ready dict: per contender its depth, tau, how often each depth was drafted and kept, survival (share of
+    steps keeping depth d, i.e. every depth up to d), conditional acceptance (kept at d among steps that reached
+    d), drafting ms per step, and how many prompts gave exactly the plain greedy tokens; contenders whose weights
+    are missing are under "skipped".
     """
     eos = default_eos(pair.target)
     plain = [generate(pair.target, ids, max_new_tokens=max_new_tokens, eos_token_id=eos).tokens for ids in prompts]

@@ -230,3 +230,26 @@ def test_cli_and_bench_build_mtp_from_the_zoo_and_say_when_it_is_missing(tiny_ta
     assert isinstance(build_drafter("mtp", pair, 4), MTPDrafter)
     result = method.build(context)([3, 4, 5], 0)
     assert result.tokens == sd.generate(tiny_target, [3, 4, 5], max_new_tokens=6).tokens
+
+
+@pytest.mark.parametrize("prompt_set", ["heldout", "grounded"])
+def test_zoo_modules_equal_plain_greedy_and_are_trained(prompt_set):
+    """The shipped MTP modules on the shipped target, 10 prompts of each set, 48 new tokens: greedy output is
+    plain decoding's (up to a numeric near-tie), and the target keeps a real share of what they draft (modules
+    as warm-started, before training, keep almost nothing of it)."""
+    from test_medusa import assert_same_or_near_tie
+
+    from specdec_lab.bench import corpus_prompts
+
+    torch.set_num_threads(1)
+    pair = sd.load_pair()
+    drafter = MTPDrafter.from_pretrained(sd.zoo_path() / "mtp", pair.target)
+    untrained = MTPDrafter(random_heads(pair.target, drafter.heads.num_modules))
+    kept = {"shipped": 0, "untrained": 0}
+    for prompt in corpus_prompts(prompt_set, pair.tokenizer, 10, 400):
+        plain = sd.generate(pair.target, prompt.ids, max_new_tokens=48)
+        for name, candidate in (("shipped", drafter), ("untrained", untrained)):
+            out = sd.generate(pair.target, prompt.ids, drafter=candidate, max_new_tokens=48)
+            assert_same_or_near_tie(pair.target, prompt.ids, out.tokens, plain.tokens)
+            kept[name] += out.stats.accepted
+    assert kept["shipped"] > 2 * kept["untrained"], kept
