@@ -481,6 +481,15 @@ LABS: dict[str, LabFixtures] = {
             "pairs_at_same_position": Mistake("eagle_pairs", "tokens[:, 1:][valid]", "tokens[:, :-1][valid]",
                                               {"test_eagle_pairs", "test_eagle_pairs_hidden", "test_eagle_loss_hidden",
                                                "test_train_eagle", "test_train_eagle_hidden"}),
+            # the classic MTP mistakes: the label shifted by the depth (it then repeats the input token), the input
+            # token taken one position early, rows whose label is padding kept
+            "mtp_label_shifted_by_depth": Mistake("mtp_pairs", "tokens[:, shift:][valid]", "tokens[:, depth:-1][valid]",
+                                                  {"test_mtp_pairs", "test_mtp_pairs_hidden"}),
+            "mtp_token_one_early": Mistake("mtp_pairs", "tokens[:, depth:-1][valid], tokens", "tokens[:, depth - 1:-2]"
+                                           "[valid], tokens", {"test_mtp_pairs", "test_mtp_pairs_hidden"}),
+            "mtp_rows_on_padding": Mistake("mtp_pairs", "valid = mask[:, shift:]",
+                                           "valid = torch.ones_like(mask[:, shift:])",
+                                           {"test_mtp_pairs", "test_mtp_pairs_hidden"}),
             "target_not_frozen": Mistake("train_eagle3",
                                          "    target.requires_grad_(False)\n"
                                          "    optimizer = torch.optim.AdamW(head.parameters(), lr=lr)",

@@ -1,6 +1,6 @@
 """Checks of lab 6 (training a drafter): Medusa's residual block, shifted labels, loss over heads, training and
 per-head accuracy; EAGLE's feature/token pairs, regression plus token loss, training and acceptance in a greedy
-decode loop; EAGLE-3's fused features and training-time test.
+decode loop; MTP modules' inputs and labels per depth; EAGLE-3's fused features and training-time test.
 
 Hidden cases are drawn for every run: random padded batches (so a loss taken on padding, labels shifted the
 wrong way or features paired with the token at their own position show), random head weights and seeds.
@@ -598,6 +598,44 @@ def eagle3_batch_loss(ref: dict, head, tokens, mask, hidden, case: dict) -> torc
     return torch.stack(ref["ttt_losses"](head, hidden, tokens, mask, case["kwargs"]["ttt_steps"])).mean()
 
 
+# ----------------------------------------------------------------------------------------------- MTP
+
+
+def mtp_pairs_visible(generator: torch.Generator, ref: dict) -> dict:
+    return {"cases": [{"tokens": [[1, 5, 6, 7], [1, 8, 9, 0]], "mask": [[True] * 4, [True] * 3 + [False]],
+                       "states": torch.arange(16.0).reshape(2, 4, 2).tolist(), "depth": depth} for depth in (1, 2)]}
+
+
+def mtp_pairs_cases(generator: torch.Generator, ref: dict) -> dict:
+    """Random padded batches at depths 1 to 3 (a label shifted by `depth` instead of `depth + 1`, the token
+    before the right one, or a row whose label is padding shows as a wrong row list)."""
+    cases = []
+    for depth in (1, 2, 3):
+        case = padded_batch(generator, 3, depth + 2, randint(depth + 5, depth + 8, generator))
+        case["states"] = torch.randn(3, len(case["tokens"][0]), 4, generator=generator).tolist()
+        case["depth"] = depth
+        cases.append(case)
+    return {"cases": cases}
+
+
+def judge_mtp_pairs(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        tokens, mask = as_batch(case)
+        depth = case["depth"]
+        expected = ref["mtp_pairs"](torch.tensor(case["states"]), tokens, mask, depth)
+        got = decode(answer)
+        require(isinstance(got, list) and len(got) == 3, f"mtp_pairs should return three tensors, got {show(got)}")
+        label = f"mtp_pairs at depth {depth} on tokens {tokens.tolist()}"
+        got_labels, got_tokens = as_tensor(got[2]), as_tensor(got[1])
+        require(got_labels.tolist() == expected[2].tolist(),
+                f"{label}: module {depth} at position t predicts x_(t+{depth + 1}), for every t where that token is "
+                f"real (not padding); expected labels {expected[2].tolist()}, got {got_labels.tolist()}")
+        require(got_tokens.tolist() == expected[1].tolist(),
+                f"{label}: module {depth} reads the token x_(t+{depth}) beside h_t; expected input tokens "
+                f"{expected[1].tolist()}, got {got_tokens.tolist()}")
+        require_close(got[0], expected[0], f"{label}: the input states h_t")
+
+
 # a fresh fused head starts near 3.47 on the held-out sentences; the reference reaches 2.76 (ttt_steps=2) and
 # 2.88 (ttt_steps=3) after 10 steps
 EAGLE3 = Drafter("train_eagle3", lambda ref, case: ref["EagleHead"](inputs=3, seed=case["head_seed"]),
@@ -646,6 +684,9 @@ CHECKS = {
                                      hidden_training(EAGLE, require_accepts),
                                      "train_eagle on a fresh head: frozen target, losses of these weights, held-out "
                                      "loss and acceptance in greedy decoding measured"),
+    "test_mtp_pairs": Check("mtp_pairs", mtp_pairs_visible, judge_mtp_pairs, "mtp_pairs on the visible cases"),
+    "test_mtp_pairs_hidden": Check("mtp_pairs", mtp_pairs_cases, judge_mtp_pairs,
+                                   "mtp_pairs on random padded batches, depths 1 to 3"),
     "test_ttt": Check("ttt_losses", with_target(ttt_visible), judge_ttt_visible,
                       "fused_features and ttt_losses on the visible case"),
     "test_ttt_hidden": Check("ttt_losses", with_target(ttt_cases), judge_ttt,

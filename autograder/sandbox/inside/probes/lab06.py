@@ -117,6 +117,11 @@ def eagle_pairs(ns: dict, inputs: dict) -> list:
     return [call(f, tensor(c["features"]), *batch(c)) for c in inputs["cases"]]
 
 
+def mtp_pairs(ns: dict, inputs: dict) -> list:
+    f = get(ns, "mtp_pairs")
+    return [call(f, tensor(c["states"]), *batch(c), c["depth"]) for c in inputs["cases"]]
+
+
 def eagle_loss(ns: dict, inputs: dict) -> list:
     f, head = get(ns, "eagle_loss"), get(ns, "EagleHead")
     with setup_target(ns, inputs):
