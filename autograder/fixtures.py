@@ -273,6 +273,13 @@ LABS: dict[str, LabFixtures] = {
                                      {"test_verify", "test_verify_bonus_hidden"}),
             "bonus_wrong_position": Mistake("verify", "torch.multinomial(p[k], 1", "torch.multinomial(p[k - 1], 1",
                                             {"test_verify", "test_verify_bonus_hidden"}),
+            # block verification's classic mistakes: the weight not capped at 1, the residual not scaled by w_tau
+            "block_weight_uncapped": Mistake("verify_block", "min(weights[-1] * float(p[i, x] / q[i, x]), 1.0)",
+                                             "weights[-1] * float(p[i, x] / q[i, x])",
+                                             {"test_verify_block_hidden", "test_verify_block_lossless_hidden"}),
+            "block_residual_unscaled": Mistake("verify_block", "(weights[i] * p[i] - q[i]).clamp(min=0)",
+                                               "(p[i] - q[i]).clamp(min=0)",
+                                               {"test_verify_block_hidden", "test_verify_block_lossless_hidden"}),
             # the shortcut: the counts sampled from p directly, never verified (they still approach p)
             "histogram_without_verify": Mistake("first_token_histogram",
                                                 "counts[verify(x, p_rows, q[None], generator)[0]] += 1",

@@ -9,6 +9,8 @@ with a broken `verify` and must follow it, so a histogram sampled from p without
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from autograder.checks._common import (
@@ -205,6 +207,96 @@ def judge_histogram_visible(inputs: dict, answers: list, ref: dict) -> None:
     require_follows_verify(case, answers[0])
 
 
+# ----------------------------------------------------------------------------------------------- block verification
+
+
+def repaying_case(generator: torch.Generator) -> dict:
+    """A 2-token draft whose first token the target under-rates (r_1 < 1) and whose second it over-rates enough to
+    repay it (r_1 r_2 >= 1), with a seed whose first uniform rejects token-wise: block verification keeps both."""
+    while True:
+        q = distributions(2, 5, generator, sharpness=1.0)
+        p = distributions(3, 5, generator, sharpness=1.0)
+        draft = [int(q[0].argmax()), int(q[1].argmin())]
+        r1, r2 = float(p[0, draft[0]] / q[0, draft[0]]), float(p[1, draft[1]] / q[1, draft[1]])
+        if r1 < 0.8 and r1 * r2 >= 1:
+            break
+    seed = next(s for s in itertools.count(int(torch.randint(0, 2**31, (1,), generator=generator)))
+                if float(torch.rand(2, generator=torch.Generator().manual_seed(s))[0]) > r1)
+    return {"tokens": draft, "p": p.tolist(), "q": q.tolist(), "seed": seed, "repays": True}
+
+
+def block_cases(generator: torch.Generator, ref: dict) -> dict:
+    """Random drafts of k = 1 .. 4 tokens drawn from q (the block rule's weights, stop probabilities and scaled
+    residual all matter), and two drafts that token-wise verification rejects at token 1 and the block keeps."""
+    cases = []
+    for k in (1, 2, 3, 4, 4):
+        q, p = distributions(k, 6, generator, sharpness=1.5), distributions(k + 1, 6, generator, sharpness=1.5)
+        draft = torch.multinomial(q, 1, generator=generator)[:, 0]
+        cases.append({"tokens": draft.tolist(), "p": p.tolist(), "q": q.tolist(),
+                      "seed": int(torch.randint(0, 2**31, (1,), generator=generator))})
+    return {"cases": cases + [repaying_case(generator) for _ in range(2)]}
+
+
+def judge_block(inputs: dict, answers: list, ref: dict) -> None:
+    """Each answer equals the reference's verify_block with the same seed (the rule's draws are specified)."""
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        tokens, p, q = torch.tensor(case["tokens"]), torch.tensor(case["p"]), torch.tensor(case["q"])
+        expected = ref["verify_block"](tokens, p, q, torch.Generator().manual_seed(case["seed"]))
+        got = as_ints(answer)
+        if got == expected:
+            continue
+        token_wise = ref["verify"](tokens, p, q, torch.Generator().manual_seed(case["seed"]))
+        hint = (" That is what token-wise verification emits on these draws: the block rule's weight "
+                "w_i = min(w_(i-1) r_i, 1) lets a later token repay an early one." if got == token_wise else "")
+        raise Fail(f"verify_block(draft={case['tokens']}, p={show(p)}, q={show(q)}) with seed {case['seed']}: "
+                   f"expected {expected}, got {got}.{hint}")
+
+
+BLOCK_STEPS = 4000  # two-token drafts per lossless check: (first, second) token pairs over 4 x 4 cells
+
+
+def block_lossless_inputs(generator: torch.Generator, ref: dict) -> dict:
+    """Two-token drafts from q, p's rows independent of the context, so the first two emitted tokens of a
+    lossless rule are distributed as p[0] x p[1] (a step that emits one token is completed from p[1] here)."""
+    q, p = distributions(2, 4, generator, sharpness=1.5), distributions(3, 4, generator, sharpness=1.5)
+    return {"p": p.tolist(), "q": q.tolist(), "n": BLOCK_STEPS,
+            "seed": int(torch.randint(0, 2**31, (1,), generator=generator)),
+            "secret": {"seed": int(torch.randint(0, 2**31, (1,), generator=generator))}}
+
+
+def kept_share(drafts: list[list[int]], outputs: list[list[int]]) -> float:
+    """Mean number of leading emitted tokens equal to the draft's (a kept token, or a coincidence: the same
+    measure for every rule)."""
+    def leading(draft: list[int], out: list[int]) -> int:
+        return next((i for i, (a, b) in enumerate(zip(draft, out, strict=False)) if a != b), min(len(draft), len(out)))
+
+    return sum(leading(d, o) for d, o in zip(drafts, outputs, strict=True)) / len(drafts)
+
+
+def judge_block_lossless(inputs: dict, answer, ref: dict) -> None:
+    p, q, n = torch.tensor(inputs["p"]), torch.tensor(inputs["q"]), inputs["n"]
+    got = decode(answer)
+    require(isinstance(got, dict) and isinstance(got.get("drafts"), list) and isinstance(got.get("outputs"), list)
+            and len(got["drafts"]) == len(got["outputs"]) == n, f"expected {n} verified drafts, got {show(got)}")
+    drafts = [as_ints(d) for d in got["drafts"]]
+    outputs = [as_ints(o) for o in got["outputs"]]
+    require(all(len(d) == 2 for d in drafts) and all(1 <= len(o) <= 3 for o in outputs),
+            "each two-token draft must give 1 to 3 emitted tokens")
+    completion = torch.Generator().manual_seed(inputs["secret"]["seed"])
+    pairs = torch.zeros(4, 4)
+    for out in outputs:
+        second = out[1] if len(out) > 1 else int(torch.multinomial(p[1], 1, generator=completion))
+        pairs[out[0], second] += 1
+    pvalue = chi_square_pvalue(pairs.flatten(), (p[0][:, None] * p[1][None, :]).flatten())
+    require(pvalue > P_VALUE, f"over {n} two-token drafts, the first two emitted tokens are not distributed as "
+                              f"p[0] x p[1] (chi-square p-value {pvalue:.1e}): the rule is not lossless")
+    reference = [ref["verify_block"](torch.tensor(d), p, q, completion) for d in drafts]
+    ours, theirs = kept_share(drafts, outputs), kept_share(drafts, reference)
+    require(ours > theirs - 0.06, f"your verify_block kept {ours:.2f} drafted tokens per step on these drafts; block "
+                                  f"verification keeps {theirs:.2f} (its emitted tokens must start with the kept "
+                                  "prefix of the draft)")
+
+
 LOGITS = [1.0, 3.0, 2.0, 0.5]
 VISIBLE_P, VISIBLE_Q = (distributions(2, 6, torch.Generator().manual_seed(1))).tolist()
 ONE_HOT = torch.eye(3)[[2, 1, 0]].tolist()
@@ -252,4 +344,15 @@ CHECKS = {
     "test_histogram_hidden": Check("first_token_histogram", histogram_cases, judge_histogram,
                                    "first_token_histogram converges to p (4000 draws, random p and q), and "
                                    "follows verify when verify is broken"),
+    "test_verify_block": Check(
+        "verify_block", fixed({"cases": [
+            {"tokens": [0, 1], "p": [[0.2, 0.8], [0.6, 0.4], [1.0, 0.0]], "q": [[0.4, 0.6], [0.8, 0.2]], "seed": s}
+            for s in range(3)] + [{"tokens": [2, 1], "p": ONE_HOT, "q": ONE_HOT[:2], "seed": 0}]}),
+        judge_block, "verify_block on the visible cases"),
+    "test_verify_block_hidden": Check("verify_block", block_cases, judge_block,
+                                      "verify_block on random drafts (k = 1 to 4) and on drafts whose later token "
+                                      "repays an early one"),
+    "test_verify_block_lossless_hidden": Check("verify_block_lossless", block_lossless_inputs, judge_block_lossless,
+                                               "verify_block over 4000 two-token drafts: lossless (chi-square) and "
+                                               "keeping what block verification keeps"),
 }

@@ -87,3 +87,27 @@ def first_token_histogram(ns: dict, inputs: dict) -> list:
 def verify_rejection(ns: dict, inputs: dict) -> dict:
     """The fixed rejection cases, and the first-token distribution over many one-token drafts."""
     return {"cases": verify(ns, inputs), "first": call(verify_first_tokens, ns, inputs["first"])}
+
+
+def verify_block(ns: dict, inputs: dict) -> list:
+    f = get(ns, "verify_block")
+    return [call(f, tensor(c["tokens"], torch.long), tensor(c["p"]), tensor(c["q"]),
+                 torch.Generator().manual_seed(c["seed"])) for c in inputs["cases"]]
+
+
+def verify_block_lossless(ns: dict, inputs: dict) -> dict:
+    """`n` two-token drafts sampled from q, each verified by the student's `verify_block` (one generator for
+    drafting and verifying): the drafts and what was emitted."""
+    f = get(ns, "verify_block")
+    p, q = tensor(inputs["p"]), tensor(inputs["q"])
+    generator = torch.Generator().manual_seed(inputs["seed"])
+
+    def run() -> dict:
+        drafts, outputs = [], []
+        for _ in range(inputs["n"]):
+            draft = torch.multinomial(q, 1, generator=generator)[:, 0]
+            outputs.append([int(t) for t in f(draft.clone(), p.clone(), q.clone(), generator)])
+            drafts.append(draft.tolist())
+        return {"drafts": drafts, "outputs": outputs}
+
+    return call(run)
