@@ -557,6 +557,14 @@ LABS: dict[str, LabFixtures] = {
                           "def prompt_lookup(tokens, max_ngram, k, min_ngram=1):\n"
                           "    return find_continuation(torch.tensor(tokens), max_ngram, min_ngram, k).tolist()\n"),
         mistakes={
+            # suffix decoding's classic mistakes: recency instead of counts (prompt lookup's rule), no probability
+            # floor, a budget that ignores the match length
+            "suffix_most_recent": Mistake("suffix_draft", "key=lambda item: item[1])", "key=lambda item: item[1][1])",
+                                          {"test_suffix_hidden"}),
+            "suffix_no_probability_floor": Mistake("suffix_draft", "        if probability < min_probability:\n"
+                                                   "            break\n", "", {"test_suffix", "test_suffix_hidden"}),
+            "suffix_budget_ignores_match": Mistake("suffix_draft", "budget = min(k, math.ceil(factor * match))",
+                                                   "budget = k", {"test_suffix", "test_suffix_hidden"}),
             "lookup_key_off_by_one": Mistake("prompt_lookup", "suffix = tokens[-n:]", "suffix = tokens[-n - 1 : -1]",
                                              {"test_lookup", "test_lookup_hidden"}),
             "jacobi_stops_before_fixed_point": Mistake(

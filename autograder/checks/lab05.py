@@ -72,6 +72,45 @@ def judge_lookup(inputs: dict, answers: list, ref: dict) -> None:
                                  f"min_ngram={case['min_ngram']}): expected {expected}, got {got}")
 
 
+# ----------------------------------------------------------------------------------------------- suffix decoding
+
+
+def suffix_visible() -> dict:
+    tokens = [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]
+    return {"cases": [{"tokens": tokens, "k": 6, "max_match": 2, "factor": 2.0, "min_probability": 0.1},
+                      {"tokens": tokens, "k": 6, "max_match": 2, "factor": 2.0, "min_probability": 0.7},
+                      {"tokens": tokens, "k": 6, "max_match": 1, "factor": 2.0, "min_probability": 0.1},
+                      {"tokens": [1, 2, 3], "k": 4, "max_match": 8, "factor": 2.0, "min_probability": 0.1}]}
+
+
+def suffix_cases(generator: torch.Generator, ref: dict) -> dict:
+    """Fixed cases where the most frequent follower is not the most recent one, where a tie is broken by recency,
+    and where the budget or the probability ends the draft; then random sequences over small alphabets (repeated
+    strings with several continuations each), at random budgets, factors and probability floors."""
+    cases = [{"tokens": [5, 6, 7, 5, 6, 7, 5, 6, 8, 5, 6], "k": 4, "max_match": 2, "factor": 2.0,
+              "min_probability": 0.1},
+             {"tokens": [4, 1, 2, 4, 1, 3, 4, 1], "k": 3, "max_match": 2, "factor": 1.0, "min_probability": 0.0},
+             {"tokens": [9, 9, 9, 9, 9, 9, 9], "k": 8, "max_match": 8, "factor": 2.0, "min_probability": 0.1},
+             # 2/3, then 2/3 again, then a tie at 1/2: the floor of 0.5 ends the draft after three tokens
+             {"tokens": [5, 6, 7, 5, 6, 7, 5, 6, 8, 5, 6], "k": 6, "max_match": 2, "factor": 2.0,
+              "min_probability": 0.5}]
+    for _ in range(9):
+        length, alphabet = randint(generator, 16, 40), randint(generator, 2, 5)
+        cases.append({"tokens": tokens_of(generator, length, alphabet), "k": randint(generator, 1, 9),
+                      "max_match": randint(generator, 1, 6), "factor": [1.0, 1.5, 2.0][randint(generator, 0, 3)],
+                      "min_probability": [0.0, 0.1, 0.3][randint(generator, 0, 3)]})
+    return {"cases": cases}
+
+
+def judge_suffix(inputs: dict, answers: list, ref: dict) -> None:
+    for case, answer in zip(inputs["cases"], answers, strict=True):
+        settings = {key: case[key] for key in ("k", "max_match", "factor", "min_probability")}
+        expected = ref["suffix_draft"](list(case["tokens"]), **settings)
+        got = as_ints(answer)
+        shown_settings = ", ".join(f"{key}={value}" for key, value in settings.items())
+        require(got == expected, f"suffix_draft({case['tokens']}, {shown_settings}): expected {expected}, got {got}")
+
+
 # ----------------------------------------------------------------------------------------------- Jacobi
 
 
@@ -366,6 +405,11 @@ CHECKS = {
     "test_lookup_hidden": Check("prompt_lookup", lookup_cases, judge_lookup,
                                 "prompt_lookup on hand-made and random token lists (the key is the last n tokens, "
                                 "the most recent earlier occurrence wins)"),
+    "test_suffix": Check("suffix_draft", fixed(suffix_visible()), judge_suffix,
+                         "suffix_draft on the visible cases"),
+    "test_suffix_hidden": Check("suffix_draft", suffix_cases, judge_suffix,
+                                "suffix_draft on hand-made cases (frequency against recency, ties, budget, "
+                                "probability floor) and random repetitive sequences"),
     "test_jacobi": Check("jacobi_decode", fixed({"cases": [{"prompt": PROMPT, "n": 8}]}), judge_jacobi_visible,
                          "jacobi_decode on the visible case"),
     "test_jacobi_hidden": Check("jacobi_decode_served", jacobi_cases, judge_jacobi,

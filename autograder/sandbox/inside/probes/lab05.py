@@ -6,6 +6,12 @@ from __future__ import annotations
 from specdec_probe import call, get, plain, replaced, served
 
 
+def suffix_draft(ns: dict, inputs: dict) -> list:
+    f = get(ns, "suffix_draft")
+    return [call(f, list(c["tokens"]), k=c["k"], max_match=c["max_match"], factor=c["factor"],
+                 min_probability=c["min_probability"]) for c in inputs["cases"]]
+
+
 def prompt_lookup(ns: dict, inputs: dict) -> list:
     f = get(ns, "prompt_lookup")
     return [call(f, list(c["tokens"]), max_ngram=c["max_ngram"], k=c["k"], min_ngram=c["min_ngram"])
