@@ -225,6 +225,23 @@ def repaying_case(generator: torch.Generator) -> dict:
     return {"tokens": draft, "p": p.tolist(), "q": q.tolist(), "seed": seed, "repays": True}
 
 
+def seeds_where(condition, count: int, generator: torch.Generator) -> list[int]:
+    """`count` seeds, from a random start, whose two uniforms torch.rand(2) satisfy `condition`."""
+    start = int(torch.randint(0, 2**31, (1,), generator=generator))
+    return list(itertools.islice((s for s in itertools.count(start)
+                                  if condition(torch.rand(2, generator=torch.Generator().manual_seed(s)))), count))
+
+
+# A draft the target likes twice as much as the draft at token 1 and half as much at token 2: w_1 = min(2, 1) = 1,
+# w_2 = 0.5. With eta_2 >= 0.5 the block keeps one token; a weight left uncapped (2, then 1) keeps both.
+CAPPED = {"tokens": [0, 0], "p": [[0.8, 0.2, 0.0], [0.2, 0.4, 0.4], [0.2, 0.3, 0.5]],
+          "q": [[0.4, 0.3, 0.3], [0.4, 0.3, 0.3]]}
+# w_1 = 0.5 and token 2 is impossible for the target (w_2 = 0): with eta_1 < h_1 = 1/6 the block keeps one token
+# and samples max(0.5 p[1] - q[1], 0), all on token 1; the unscaled max(p[1] - q[1], 0) gives token 0 60% of the time.
+SCALED = {"tokens": [0, 2], "p": [[0.25, 0.75, 0.0], [0.8, 0.2, 0.0], [0.2, 0.3, 0.5]],
+          "q": [[0.5, 0.25, 0.25], [0.5, 0.0, 0.5]]}
+
+
 def block_cases(generator: torch.Generator, ref: dict) -> dict:
     """Random drafts of k = 1 .. 4 tokens drawn from q (the block rule's weights, stop probabilities and scaled
     residual all matter), and two drafts that token-wise verification rejects at token 1 and the block keeps."""
@@ -234,7 +251,10 @@ def block_cases(generator: torch.Generator, ref: dict) -> dict:
         draft = torch.multinomial(q, 1, generator=generator)[:, 0]
         cases.append({"tokens": draft.tolist(), "p": p.tolist(), "q": q.tolist(),
                       "seed": int(torch.randint(0, 2**31, (1,), generator=generator))})
-    return {"cases": cases + [repaying_case(generator) for _ in range(2)]}
+    cases += [repaying_case(generator) for _ in range(2)]
+    cases += [CAPPED | {"seed": s} for s in seeds_where(lambda eta: eta[1] >= 0.55, 3, generator)]
+    cases += [SCALED | {"seed": s} for s in seeds_where(lambda eta: eta[0] < 0.15, 12, generator)]
+    return {"cases": cases}
 
 
 def judge_block(inputs: dict, answers: list, ref: dict) -> None:
@@ -255,10 +275,19 @@ def judge_block(inputs: dict, answers: list, ref: dict) -> None:
 BLOCK_STEPS = 4000  # two-token drafts per lossless check: (first, second) token pairs over 4 x 4 cells
 
 
+# Target and draft rows for the lossless check, found by search: at 4000 drafts an uncapped weight or an unscaled
+# residual moves the emitted pairs far from p[0] x p[1] (chi-square p-values below 1e-20 in every trial), while
+# block verification passes. Each student gets them with the 4 tokens relabelled at random.
+LOSSLESS_P = [[0.022, 0.1784, 0.7857, 0.0139], [0.0898, 0.6028, 0.1977, 0.1097], [0.0178, 0.4486, 0.0435, 0.4901]]
+LOSSLESS_Q = [[0.0719, 0.0482, 0.6493, 0.2306], [0.3368, 0.069, 0.2462, 0.348]]
+
+
 def block_lossless_inputs(generator: torch.Generator, ref: dict) -> dict:
     """Two-token drafts from q, p's rows independent of the context, so the first two emitted tokens of a
     lossless rule are distributed as p[0] x p[1] (a step that emits one token is completed from p[1] here)."""
-    q, p = distributions(2, 4, generator, sharpness=1.5), distributions(3, 4, generator, sharpness=1.5)
+    order = torch.randperm(4, generator=generator)
+    p, q = torch.tensor(LOSSLESS_P)[:, order], torch.tensor(LOSSLESS_Q)[:, order]
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
     return {"p": p.tolist(), "q": q.tolist(), "n": BLOCK_STEPS,
             "seed": int(torch.randint(0, 2**31, (1,), generator=generator)),
             "secret": {"seed": int(torch.randint(0, 2**31, (1,), generator=generator))}}
