@@ -54,9 +54,14 @@ def main(argv: list[str] | None = None) -> int:
                                      seed=args.seed, workers=args.workers, resume=args.resume)
             seconds = time.perf_counter() - started
             for r in results:
-                print(f"{r.student:>24}  {r.score:5g} / {r.max_score:g}  {r.status}")
+                manual = f", {r.pending_points():g} points need manual grading" if r.awaiting() else ""
+                print(f"{r.student:>24}  {r.score:5g} / {r.max_score:g}  {r.status}{manual}")
             print(f"graded {len(results)} submissions in {seconds:.1f} s ({seconds / len(results):.1f} s each); "
                   f"grades: {args.out / 'grades.csv'}")
+            written = [r.student for r in results if r.status == "graded" and r.awaiting()]
+            if written:  # the normal course of a lab with written answers: listed, not an error
+                print(f"needs manual grading ({len(written)}): {', '.join(written)}; their written answers are "
+                      f"in {args.out / 'autograded'} (manual_pending in grades.csv)")
             review = [r.student for r in results if r.status != "graded"]
             if review:
                 print(f"needs review ({len(review)}): {', '.join(review)}; see the notes in grades.csv",

@@ -122,6 +122,13 @@ def is_test(cell) -> bool:
     return bool(meta.get("grade")) and not meta.get("solution")
 
 
+def is_written(cell) -> bool:
+    """A written answer: nbgrader's manually graded answer cell (solution and grade, not a task). No check can
+    grade it; a person does, and until then its points are reported as awaiting manual grading."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("solution")) and bool(meta.get("grade")) and not meta.get("task")
+
+
 def assemble(release: nbformat.NotebookNode, cells: list[StudentCell]) -> Assembled:
     """The release notebook with the student's answers and added cells in place (see the module docstring)."""
     known = {grade_id(c): c for c in release.cells if grade_id(c)}
@@ -154,11 +161,15 @@ def assemble(release: nbformat.NotebookNode, cells: list[StudentCell]) -> Assemb
         cell.pop("id", None)
         gid = grade_id(cell)
         if gid and is_answer(cell):
-            if gid not in answers:  # deleted, or its metadata lost: its code (if any) runs as an added cell
+            if gid not in answers and is_written(cell):  # its question stays, unanswered: no answer, no points
+                notes.append(f"the written answer '{gid}' was not found (deleted, or its cell metadata changed): "
+                             "it counts as no answer")
+            elif gid not in answers:  # deleted, or its metadata lost: its code (if any) runs as an added cell
                 notes.append(f"the answer cell '{gid}' was not found (deleted, or its cell metadata changed)")
                 nb.cells.extend(plain_cell(c) for c in extras.get(gid, []))
                 continue
-            cell.source = answers[gid]
+            else:
+                cell.source = answers[gid]
         elif gid and gid not in answers:
             notes.append(f"the lab's cell '{gid}' was missing and was put back")
         if cell.cell_type == "code":

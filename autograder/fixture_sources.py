@@ -291,6 +291,27 @@ STEP_NEVER_DRAFTS = """def speculative_step(dec, k):
     return [token]
 """
 
+# Lab 2: alpha from one run of the loop, tau from another (generate's, whose prefill counts as a forward): the two
+# numbers no longer describe the same run, so the formula could never be held against them.
+TAU_FROM_ANOTHER_RUN = """def measure_alpha_and_tau(prompt, steps, k, temperature=0.0, seed=0):
+    dec = start(prompt, temperature, seed)
+    first_kept = sum(len(speculative_step(dec, k)) >= 2 for _ in range(steps))
+    new, forwards = generate(prompt, len(dec.tokens) - len(prompt), k, temperature, seed)
+    return first_kept / steps, len(new) / forwards
+"""
+
+# Lab 2, honest: the same counts taken from the decoder's length, as 0-d tensors.
+MEASURE_FROM_LENGTHS = """def measure_alpha_and_tau(prompt, steps, k, temperature=0.0, seed=0):
+    dec = start(prompt, temperature, seed)
+    lengths = []
+    for _ in range(steps):
+        before = len(dec.tokens)
+        speculative_step(dec, k)
+        lengths.append(len(dec.tokens) - before)
+    lengths = torch.tensor(lengths, dtype=torch.float64)
+    return (lengths > 1).double().mean(), lengths.mean()
+"""
+
 TREE_NODE_BY_NODE = """def tree_logits(model, context, tokens, parents):
     rows = []
     with torch.no_grad():

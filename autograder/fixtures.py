@@ -307,9 +307,16 @@ LABS: dict[str, LabFixtures] = {
             # plain greedy decoding that reports the forwards a speculative loop would have taken
             "greedy_passed_off_as_loop": Variant({"test_generate_eos_hidden"},
                                                  functions={"generate": sources.GREEDY_AS_LOOP}),
-            # a step that never drafts: right tokens, one per target forward
-            "step_never_drafts": Variant({"test_step_cache_hidden", "test_generate_eos_hidden"},
+            # a step that never drafts: right tokens, one per target forward (and alpha 0)
+            "step_never_drafts": Variant({"test_step_cache_hidden", "test_generate_eos_hidden",
+                                          "test_measure_hidden"},
                                          functions={"speculative_step": sources.STEP_NEVER_DRAFTS}),
+            # alpha from one run, tau from another (generate's): the tau no longer follows from the alpha
+            "tau_from_another_run": Variant({"test_measure", "test_measure_hidden"}, kind="mistake",
+                                            functions={"measure_alpha_and_tau": sources.TAU_FROM_ANOTHER_RUN}),
+            # the same counts read off the decoder's length, returned as 0-d tensors
+            "measure_from_lengths": Variant(set(), kind="honest",
+                                            functions={"measure_alpha_and_tau": sources.MEASURE_FROM_LENGTHS}),
         },
         target_tests={"test_formulas", "test_formulas_hidden"},
         reference_import=("from specdec_lab.theory import expected_speedup, expected_tokens_per_step\n"),
@@ -327,11 +334,11 @@ LABS: dict[str, LabFixtures] = {
                                                  {"test_step_lossless_hidden"}),
             "cache_not_rolled_back": Mistake("speculative_step", "    crop(dec.target_cache, context + accepted)\n",
                                              "", {"test_step", "test_step_cache_hidden", "test_generate",
-                                                  "test_generate_eos_hidden"}),
+                                                  "test_generate_eos_hidden", "test_measure_hidden"}),
             "cache_rolled_back_too_far": Mistake("speculative_step", "crop(dec.target_cache, context + accepted)",
                                                  "crop(dec.target_cache, context + accepted - 1)",
                                                  {"test_step", "test_step_cache_hidden", "test_generate",
-                                                  "test_generate_eos_hidden"}),
+                                                  "test_generate_eos_hidden", "test_measure_hidden"}),
             "emits_past_eos": Mistake("generate", "    if eos in new:\n        new = new[: new.index(eos) + 1]\n",
                                       "", {"test_generate", "test_generate_eos_hidden"}),
             "bonus_not_counted": Mistake("formulas", "(1 - alpha ** (k + 1)) / (1 - alpha)",
@@ -340,7 +347,11 @@ LABS: dict[str, LabFixtures] = {
             "verifies_against_draft": Mistake("speculative_step", "emitted = verify(drafted, p, q, dec.generator)",
                                               "emitted = verify(drafted, torch.cat([q, p[-1:]]), q, dec.generator)",
                                               {"test_step", "test_step_cache_hidden", "test_step_lossless_hidden",
-                                               "test_generate", "test_generate_eos_hidden"}),
+                                               "test_generate", "test_generate_eos_hidden", "test_measure_hidden"}),
+            # alpha as accepted / drafted over all positions (the engines' "acceptance rate"), not the first's
+            "alpha_over_all_drafted": Mistake("measure_alpha_and_tau", "return first_kept / steps, emitted / steps",
+                                              "return (emitted - steps) / (k * steps), emitted / steps",
+                                              {"test_measure_hidden"}),
             "reports_q_at_temperature_one": Mistake(
                 "draft", "q = probs(forward(model, feed, cache)[-1], temperature)\n"
                          "        token = int(torch.multinomial(q, 1, generator=generator))",

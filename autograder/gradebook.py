@@ -86,10 +86,13 @@ def release(lab: str, dest: Path) -> Path:
     return target
 
 
-def record(course: Path, lab: str, grades: list[tuple[str, dict[str, float], bool]]) -> None:
+def record(course: Path, lab: str, grades: list[tuple[str, dict[str, float], bool]],
+           manual: dict[str, dict[str, float | None]] | None = None) -> None:
     """Write the trusted scores into the gradebook, in one session (opening it costs most of a second).
 
-    grades: per student, (student id, grade id -> points, whether the submission needs a person's review).
+    grades: per student, (student id, grade id -> points, whether the submission needs a person's review);
+    manual: per student, each written answer's score: None while it awaits manual grading (no score, marked
+    for manual grading, as nbgrader's own autograder leaves an answered written cell), 0.0 for no answer.
     """
     from nbgrader.api import Gradebook
 
@@ -102,6 +105,10 @@ def record(course: Path, lab: str, grades: list[tuple[str, dict[str, float], boo
                 grade = gradebook.find_grade(grade_id, lab, lab, student)
                 grade.auto_score = score
                 grade.needs_manual_grade = needs_review
+            for grade_id, score in (manual or {}).get(student, {}).items():
+                grade = gradebook.find_grade(grade_id, lab, lab, student)
+                grade.auto_score = score
+                grade.needs_manual_grade = score is None or needs_review
         gradebook.db.commit()
 
 

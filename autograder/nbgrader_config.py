@@ -14,3 +14,20 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 # through a filter that renders it and then sanitises the result.
 c.HTMLExporter.sanitize_html = True
 c.HTMLExporter.filters = {"markdown2html": "autograder.gradebook.feedback_markdown"}
+
+# Written answers awaiting manual grading are said to be on the page, not shown as 0 points (autograder/feedback.py):
+# nbgrader's preprocessors with one added after GetGrades, and nbgrader's feedback template extended. Setting the
+# template's base folders replaces nbgrader's default, so its own templates folder is named here too. Where the
+# autograder cannot be imported (an nbgrader run outside the repository), nbgrader's own page stays.
+try:
+    from autograder import feedback
+except ImportError:
+    feedback = None
+if feedback is not None:
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbgrader.preprocessors import GetGrades
+
+    c.GenerateFeedback.preprocessors = [GetGrades, feedback.PendingGrades, CSSHTMLHeaderPreprocessor]
+    c.HTMLExporter.template_name = feedback.TEMPLATE_NAME
+    c.HTMLExporter.template_file = feedback.TEMPLATE_FILE
+    c.HTMLExporter.extra_template_basedirs = [str(feedback.TEMPLATES), str(feedback.NBGRADER_TEMPLATES)]

@@ -36,6 +36,13 @@ half-written there):
 
 A status is "graded" or "needs review" (the file is not a notebook, or the sandbox itself failed); the command
 exits non-zero and lists the students who need review.
+
+Written answers (nbgrader's manually graded answer cells, `assemble.is_written`) are graded by a person, never
+here: score and max_score are the autograded part, and each written answer is reported apart (`manual`): awaiting
+manual grading when the student wrote one, or 0 points when it is left as released ("no answer", nbgrader's own
+rule). The gradebook marks the ones awaiting a person as needing manual grading, the feedback page says so for
+each of them, grades.csv gives the points still to be graded (manual_pending, of manual_max), and the command
+lists those students apart from the ones who need review.
 """
 
 from __future__ import annotations
@@ -107,8 +114,9 @@ class Submission:
 
 @dataclass
 class StudentResult:
-    """The grade of one submission: total and per-test-cell scores, a status, notes, and the checker's message
-    for every test cell."""
+    """The grade of one submission: total and per-test-cell scores (the autograded part), a status, notes, and
+    the checker's message for every test cell. `manual`: each written answer's score, None while it awaits
+    manual grading (0.0: no answer); `manual_points`: what each written answer is worth."""
 
     student: str
     score: float
@@ -118,6 +126,36 @@ class StudentResult:
     tests: dict[str, float] = field(default_factory=dict)
     messages: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    manual: dict[str, float | None] = field(default_factory=dict)
+    manual_points: dict[str, float] = field(default_factory=dict)
+
+    def awaiting(self) -> list[str]:
+        """The written answers a person still has to grade."""
+        return [gid for gid, score in self.manual.items() if score is None]
+
+    def pending_points(self) -> float:
+        """What the written answers awaiting a person are worth (not counted in `score` nor in `max_score`)."""
+        return float(sum(self.manual_points.get(gid, 0.0) for gid in self.awaiting()))
+
+
+def manual_scores(notebook: nbformat.NotebookNode, release_nb: nbformat.NotebookNode) -> dict[str, float | None]:
+    """Each written answer of the assembled `notebook`: None (awaits manual grading) when the student wrote
+    something, 0.0 when the cell is as the release has it (nbgrader gives an unchanged answer 0 by itself)."""
+    released = {assemble.grade_id(c): c.source.strip() for c in release_nb.cells if assemble.is_written(c)}
+    written = {assemble.grade_id(c): c.source.strip() for c in notebook.cells if assemble.is_written(c)}
+    return {gid: None if written.get(gid, stub) not in ("", stub) else 0.0 for gid, stub in released.items()}
+
+
+def manual_note(result: StudentResult) -> str | None:
+    """The note that says what of the written answers is left to a person, or None when the lab has none."""
+    if not result.manual:
+        return None
+    waiting = result.awaiting()
+    if not waiting:
+        return (f"written answers: none given ({', '.join(result.manual)}), 0 of "
+                f"{sum(result.manual_points.values()):g} points")
+    return (f"needs manual grading: the written answers {', '.join(waiting)} ({result.pending_points():g} points) "
+            "are graded by a person; the score above is the autograded part")
 
 
 def is_junk(name: str) -> bool:
@@ -541,6 +579,7 @@ class Job:
     lab: str
     release: nbformat.NotebookNode
     points: dict[str, float]
+    manual_points: dict[str, float]
     limits: Limits
     seed: int
     workdir: Path
@@ -603,7 +642,8 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
     """Assemble, run the notebook in the sandbox, make every check's call, judge. Never raises for anything in
     the submission."""
     result = StudentResult(sub.student, 0.0, sum(job.points.values()), "graded",
-                           tests={gid: 0.0 for gid in job.points})
+                           tests={gid: 0.0 for gid in job.points}, manual=dict.fromkeys(job.manual_points),
+                           manual_points=dict(job.manual_points))
     try:
         cells, read_notes = assemble.read_cells(sub.path)
     except assemble.Unreadable as error:
@@ -611,6 +651,7 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
         result.notes.append(f"not graded: {error}")
         return result, None
     assembled = assemble.assemble(job.release, cells)
+    result.manual = manual_scores(assembled.notebook, job.release)
     with TRUSTED_LOCK:
         result.notes += read_notes + assembled.notes + rule_notes(assembled, job.release)
     notebook = assembled.notebook
@@ -654,6 +695,7 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
                 verdict_output(verdict.passed, verdict.message, result.tests[gid]))
     result.score = float(sum(result.tests.values()))
     result.notes += run_notes(run, session, notebook, job.limits)
+    result.notes += [note for note in [manual_note(result)] if note]
     if run.problem:
         result.status = "needs review"
     shutil.rmtree(folder, ignore_errors=True)
@@ -728,13 +770,15 @@ def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, force
         release_nb = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
         points = {assemble.grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in release_nb.cells
                   if assemble.is_test(c)}
+        manual_points = {assemble.grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in release_nb.cells
+                         if assemble.is_written(c)}
         missing = set(points) ^ set(lab_checks(lab))
         if missing:
             raise GradingError(f"{lab}: test cells and checks do not match: {sorted(missing)}")
         slots: queue.Queue = queue.Queue()
         for slot in range(workers):
             slots.put(slot)
-        job = Job(lab, release_nb, points, limits, seed, workdir, slots)
+        job = Job(lab, release_nb, points, manual_points, limits, seed, workdir, slots)
         reference(lab)  # once, before the threads start
         results, kept = grade_all(job, submissions, journal, workers)
         finish(job, course, results, kept, journal, out)
@@ -838,7 +882,8 @@ def grade_and_record(job: Job, sub: Submission, print_: str, journal: Path) -> S
     once; the notebook is not kept in memory after that."""
     if sub.path is None:
         result, notebook = StudentResult(sub.student, 0.0, sum(job.points.values()), "needs review", [],
-                                         {gid: 0.0 for gid in job.points}), None
+                                         {gid: 0.0 for gid in job.points}, manual=dict.fromkeys(job.manual_points),
+                                         manual_points=dict(job.manual_points)), None
     else:
         result, notebook = safe_grade_one(job, sub)
     result.notes[:0] = [note for note in sub.notes if note not in result.notes]  # intake's notes first, once
@@ -875,7 +920,8 @@ def finish(job: Job, course: Path, results: list[StudentResult], kept: int, jour
     shutil.rmtree(staging, ignore_errors=True)  # left by a run that died while finishing
     (staging / "autograded").mkdir(parents=True)
     (staging / "feedback").mkdir()
-    gradebook.record(course, lab, [(r.student, r.tests, r.status != "graded") for r in results])
+    gradebook.record(course, lab, [(r.student, r.tests, r.status != "graded") for r in results],
+                     {r.student: r.manual for r in results})
     for result in results:
         saved = journal / "students" / f"{result.student}.ipynb"
         if saved.exists():
@@ -909,16 +955,19 @@ def safe_grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.N
     except Exception as error:  # a grader bug must not cost the rest of the class their grades
         return StudentResult(sub.student, 0.0, sum(job.points.values()), "needs review",
                              [f"the grader failed on this submission: {type(error).__name__}: {error}"],
-                             {gid: 0.0 for gid in job.points}), None
+                             {gid: 0.0 for gid in job.points}, manual=dict.fromkeys(job.manual_points),
+                             manual_points=dict(job.manual_points)), None
 
 
 def notes_cell(result: StudentResult) -> nbformat.NotebookNode:
     """A markdown cell at the top of the graded notebook with the grader's notes for the student. Notes quote
     the submission (grade ids, file names, values), so each is escaped to show as text; the block is outside
     MathJax's reach (tex2jax_ignore), so a "$" in a note stays a dollar sign."""
+    manual = f"; written answers ({result.pending_points():g} points): needs manual grading" \
+        if result.awaiting() else ""
     lines = ['<div class="tex2jax_ignore">', "",
              f"**Grader notes** (score {result.score:g} / {result.max_score:g}, "
-             f"{gradebook.markdown_text(result.status)})", ""]
+             f"{gradebook.markdown_text(result.status)}{manual})", ""]
     lines += [f"- {gradebook.markdown_text(note)}" for note in result.notes] or ["- nothing to report"]
     return nbformat.v4.new_markdown_cell("\n".join([*lines, "", "</div>"]))
 
@@ -926,8 +975,9 @@ def notes_cell(result: StudentResult) -> nbformat.NotebookNode:
 def write_reports(results: list[StudentResult], lab: str, staging: Path) -> None:
     with open(staging / "grades.csv", "w", newline="", encoding="utf-8") as handle:  # ids keep Unicode letters
         writer = csv.writer(handle)
-        writer.writerow(["student", "lab", "score", "max_score", "status", "notes"])
+        writer.writerow(["student", "lab", "score", "max_score", "manual_pending", "manual_max", "status", "notes"])
         for r in results:
-            writer.writerow([r.student, lab, f"{r.score:g}", f"{r.max_score:g}", r.status, " | ".join(r.notes)])
+            writer.writerow([r.student, lab, f"{r.score:g}", f"{r.max_score:g}", f"{r.pending_points():g}",
+                             f"{sum(r.manual_points.values()):g}", r.status, " | ".join(r.notes)])
     (staging / "scores.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
 

@@ -294,14 +294,16 @@ def grade(settings: HubSettings, lab: str, workers: int = 2, extra_args: tuple[s
             for name in ("timestamp.txt", "submission_secret.txt"):
                 shutil.copy(submitted[student] / name, target / name)
     record(course, settings.course_id, lab, [(by_id[r["student"]], r["tests"], r["status"] != "graded")
-                                             for r in rows])
+                                             for r in rows], {by_id[r["student"]]: r.get("manual", {}) for r in rows})
     give_to(course, settings.instructors[0])
     return grades
 
 
-def record(course: Path, course_id: str, lab: str, grades: list[tuple[str, dict[str, float], bool]]) -> None:
+def record(course: Path, course_id: str, lab: str, grades: list[tuple[str, dict[str, float], bool]],
+           manual: dict[str, dict[str, float | None]] | None = None) -> None:
     """Write the grader's scores into the course's gradebook (grades: student, grade id -> points, whether a
-    person must review the submission)."""
+    person must review the submission; manual: student -> each written answer's score, None while it awaits
+    manual grading, which the formgrader then lists, 0.0 for no answer). A grader's manual score is kept."""
     import warnings
 
     from nbgrader.api import Gradebook
@@ -315,6 +317,10 @@ def record(course: Path, course_id: str, lab: str, grades: list[tuple[str, dict[
                 cell = gradebook.find_grade(grade_id, lab, lab, student)
                 cell.auto_score = score
                 cell.needs_manual_grade = needs_review
+            for grade_id, score in (manual or {}).get(student, {}).items():
+                cell = gradebook.find_grade(grade_id, lab, lab, student)
+                cell.auto_score = score
+                cell.needs_manual_grade = score is None or needs_review
         gradebook.db.commit()
 
 

@@ -154,6 +154,38 @@ def test_assembly_repairs_what_students_do_to_notebooks(tmp_path):
             assemble.read_cells(write_notebook(tmp_path, bad))
 
 
+def written_ids(lab: str) -> set[str]:
+    """The written answers of `lab` (manually graded answer cells)."""
+    return {assemble.grade_id(c) for c in release_of(lab).cells if assemble.is_written(c)}
+
+
+def test_written_answers_await_a_person_unless_left_as_released():
+    """A written answer is never scored by the grader: None (awaiting manual grading) as soon as the student
+    wrote something, 0 when the cell is as released, or deleted (it is put back, unanswered, with a note)."""
+    lab = "lab01_sampling"
+    release, written = release_of(lab), written_ids(lab)
+    assert written, "lab 1 has a written question"
+
+    def scored(nb: nbformat.NotebookNode) -> tuple[dict, list[str]]:
+        cells = [assemble.StudentCell(c.cell_type, c.source, assemble.grade_id(c)) for c in nb.cells]
+        assembled = assemble.assemble(release, cells)
+        return pipeline.manual_scores(assembled.notebook, release), assembled.notes
+
+    assert scored(fixtures.solved(release, lab))[0] == dict.fromkeys(written)
+    assert scored(release)[0] == dict.fromkeys(written, 0.0)
+    blanked = fixtures.solved(release, lab, dict.fromkeys(written, "  YOUR ANSWER HERE\n"))
+    assert scored(blanked)[0] == dict.fromkeys(written, 0.0), "the stub with stray blanks is still no answer"
+    deleted = fixtures.solved(release, lab)
+    deleted.cells = [c for c in deleted.cells if assemble.grade_id(c) not in written]
+    scores, notes = scored(deleted)
+    assert scores == dict.fromkeys(written, 0.0) and any("counts as no answer" in n for n in notes), notes
+    result = pipeline.StudentResult("x", 11.0, 11.0, "graded", manual=dict.fromkeys(written),
+                                    manual_points=dict.fromkeys(written, 2.0))
+    assert result.awaiting() == sorted(written) and result.pending_points() == 2.0 * len(written)
+    assert "needs manual grading" in pipeline.manual_note(result)
+    assert "needs manual grading" in pipeline.notes_cell(result).source
+
+
 def test_a_python_environment_under_tmp_stays_visible_in_the_sandbox(monkeypatch):
     """A clone under /tmp (as CI makes) keeps its virtual environment inside the sandbox: the sandbox's private
     /tmp must not hide it."""
@@ -273,6 +305,11 @@ def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
         elif not fixture.exact and not expected <= lost:
             problems.append(f"{fixture.name}: lost {sorted(lost)}, expected at least {sorted(expected)}")
     assert not problems, "\n".join(problems)
+    written = written_ids(lab)
+    assert full.manual == dict.fromkeys(written) and full.pending_points() == sum(full.manual_points.values()), \
+        "the reference's written answers await a person: neither 0 nor full marks"
+    blank = results[student("blank")]
+    assert blank.manual == dict.fromkeys(written, 0.0) and blank.pending_points() == 0, "no answer: 0 points"
     assert results[student("corrupt_file")].status == "needs review"
     assert results[student("newer_schema")].status == "graded"
 
@@ -280,10 +317,15 @@ def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
     with open(out / "grades.csv") as handle:
         rows = {row["student"]: row for row in csv.DictReader(handle)}
     assert set(rows) == set(results) and float(rows[student("solution")]["score"]) == full.max_score
+    assert float(rows[student("solution")]["manual_pending"]) == float(rows[student("solution")]["manual_max"])
+    assert float(rows[student("blank")]["manual_pending"]) == 0
     graded = [name for name, r in results.items() if r.status == "graded"]
     assert all((out / "feedback" / f"{name}.html").exists() for name in graded)
     feedback = (out / "feedback" / "solution.html").read_text()
     assert "[grader] passed" in feedback
+    if written:
+        assert "needs manual grading" in feedback, "the page says the written answers await a person"
+        assert "needs manual grading" not in (out / "feedback" / "blank.html").read_text()
     assert not any(secret in feedback for secret in ("autograder", "checks/", "specdec_probe", "probes/")), \
         "the feedback names no part of the grader"
     scores = json.loads((out / "scores.json").read_text())
@@ -302,7 +344,9 @@ def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
 
 
 @pytest.mark.grading
-def test_the_command_line_lists_submissions_that_need_review(tmp_path):
+def test_the_command_line_lists_submissions_that_need_review(tmp_path, capsys):
+    """A broken file needs review (exit status 1); the solution is graded at full autograded marks and is
+    listed apart as needing manual grading of its written answers, which are neither 0 nor full marks."""
     from autograder.__main__ import main
 
     chosen = {f.name: f for f in fixtures.fixtures("lab01_sampling", release_of("lab01_sampling"))}
@@ -320,6 +364,12 @@ def test_the_command_line_lists_submissions_that_need_review(tmp_path):
     corrupt = rows["corrupt-file-412"]
     assert corrupt["status"] == "needs review" and "not valid JSON" in corrupt["notes"]
     assert float(rows["solution-48"]["score"]) == float(rows["solution-48"]["max_score"]) > 0
+    solution = rows["solution-48"]
+    assert float(solution["manual_pending"]) == float(solution["manual_max"]) > 0
+    assert solution["status"] == "graded" and "needs manual grading" in solution["notes"]
+    printed = capsys.readouterr()
+    assert "needs manual grading (1): solution-48" in printed.out
+    assert "needs review (1): corrupt-file-412" in printed.err
 
 
 def test_gradebook_module_names_the_labs():

@@ -97,12 +97,15 @@ def graded_notebook(release: nbformat.NotebookNode, cells: list[assemble.Student
 
 def hostile_feedback(workdir: Path) -> dict[str, Path]:
     """Feedback pages for two students of LAB in a course under `workdir`: "hostile", whose submission puts
-    HTML and script in every place a student controls, and "honest", the same lab without any (the baseline of
-    what the page's own template holds). Returns student -> feedback page."""
+    HTML and script in every place a student controls (its written answer, awaiting manual grading, too), and
+    "honest", the same lab without any and its written answer left blank (the baseline of what the page's own
+    template holds). Returns student -> feedback page."""
     course = gradebook.make_course(workdir, LAB)
     release = nbformat.read(course / "release" / LAB / f"{LAB}.ipynb", as_version=4)
     answer = next(assemble.grade_id(c) for c in release.cells if assemble.is_answer(c))
+    written = next(assemble.grade_id(c) for c in release.cells if assemble.is_written(c))
     hostile_cells = [assemble.StudentCell("code", HOSTILE_CODE, answer),
+                     assemble.StudentCell("markdown", HOSTILE_MARKDOWN, written),
                      assemble.StudentCell("markdown", HOSTILE_MARKDOWN, None),
                      assemble.StudentCell("raw", HOSTILE_HTML, None),
                      assemble.StudentCell("code", "print('scratch')", HOSTILE_GRADE_ID),
@@ -113,7 +116,9 @@ def hostile_feedback(workdir: Path) -> dict[str, Path]:
     cell_with(hostile, "print('scratch')").outputs = assemble.clean_outputs(hostile_outputs())
     cell_with(hostile, "display(unfiltered)").outputs = unfiltered_outputs()
     honest, honest_scores, _ = graded_notebook(release, [], True, [])
-    gradebook.record(course, LAB, [("hostile", hostile_scores, False), ("honest", honest_scores, False)])
+    gradebook.record(course, LAB, [("hostile", hostile_scores, False), ("honest", honest_scores, False)],
+                     {"hostile": pipeline.manual_scores(hostile, release),  # answered: awaits a person
+                      "honest": pipeline.manual_scores(honest, release)})  # left as released: no answer
     for student, nb in (("hostile", hostile), ("honest", honest)):
         target = course / "autograded" / student / LAB / f"{LAB}.ipynb"
         target.parent.mkdir(parents=True)
@@ -218,3 +223,15 @@ def test_only_base64_reaches_a_png_output():
     cleaned = assemble.clean_outputs([{"output_type": "display_data", "data": {"image/png": value}}
                                       for value in (PNG, 'x" onerror="alert(1)', PNG[:20] + "\n" + PNG[20:])])
     assert [output.data["image/png"] for output in cleaned] == [PNG, PNG[:20] + "\n" + PNG[20:]]
+
+
+def test_a_written_answer_awaiting_a_person_is_said_to_be_not_scored_zero(pages):
+    """nbgrader's own page shows a written answer without a score as 0 points; ours says it needs manual grading,
+    there and in the total, while an answer left as released keeps its 0 (no answer, nothing to grade)."""
+    hostile, honest = " ".join("".join(pages["hostile"].text).split()), " ".join("".join(pages["honest"].text).split())
+    assert "Written response (needs manual grading (2.0 points))" in hostile
+    assert "Student's answer needs manual grading (2.0 points)" in hostile
+    assert re.search(r"\(Score: [\d.]+ / [\d.]+ autograded; written answers worth 2\.0 points need manual "
+                     r"grading\)", hostile), "the total keeps the points still to be graded apart"
+    assert "Written response (Score: 0.0 / 2.0)" not in hostile
+    assert "Written response (Score: 0.0 / 2.0)" in honest and "needs manual grading" not in honest

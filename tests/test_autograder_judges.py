@@ -208,3 +208,26 @@ def test_lab1_answered_from_its_own_inputs_earns_nothing():
                                                   "test_verify_rejection_hidden", "test_histogram",
                                                   "test_histogram_hidden"})
     assert [gid for gid, (_, _, verdict) in runs.items() if verdict.passed] == []
+
+
+@pytest.mark.parametrize("seed", [5, 11])
+def test_lab2_alpha_and_tau_must_describe_one_run_of_the_loop(seed):
+    """Lab 2 measures alpha (the first drafted token's acceptance) and tau apart, so that the formula can be held
+    against them. Tau taken from another run (generate's) and alpha taken as accepted / drafted both fail the
+    hidden check, whose counts are made on the trusted side; the honest answer, and the same counts read another
+    way, pass. The hidden run always keeps some first draft and rejects a later one, which is what tells alpha
+    from accepted / drafted."""
+    lab, gid = "lab02_loop", "test_measure_hidden"
+    honest = run_checks(lab, pipeline.reference(lab), only={gid}, seed=seed)[gid]
+    assert honest[2].passed, honest[2].message
+    lengths, k = honest[0]["secret"]["lengths"], honest[0]["k"]
+    assert any(2 <= n <= k for n in lengths), lengths
+    another_way = run_checks(lab, with_source(lab, fixture_sources.MEASURE_FROM_LENGTHS), only={gid}, seed=seed)
+    assert another_way[gid][2].passed, another_way[gid][2].message
+    other_run = run_checks(lab, with_source(lab, fixture_sources.TAU_FROM_ANOTHER_RUN), only={gid}, seed=seed)
+    verdict = other_run[gid][2]
+    assert not verdict.passed and "one run of your loop" in verdict.message, verdict.message
+    all_drafted = run_checks(lab, with_source(lab, mistake_source(lab, "alpha_over_all_drafted")), only={gid},
+                             seed=seed)
+    verdict = all_drafted[gid][2]
+    assert not verdict.passed and "accepted / drafted" in verdict.message, verdict.message

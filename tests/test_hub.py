@@ -145,6 +145,29 @@ def test_nbgrader_configs_name_the_course_and_the_exchange(tmp_path):
     assert f"c.CourseDirectory.root = {str(tmp_path / 'course')!r}" in course
 
 
+def test_the_course_gradebook_lists_written_answers_for_manual_grading(tmp_path):
+    """Recorded from the grader's scores.json, an answered written question awaits manual grading in the course's
+    gradebook (what the formgrader lists), with no score; one left as released is 0 and needs no one."""
+    from nbgrader.api import Gradebook
+
+    from autograder import assemble, gradebook
+
+    course = gradebook.make_course(tmp_path, LAB)
+    release = nbformat.read(course / "release" / LAB / f"{LAB}.ipynb", as_version=4)
+    written = [assemble.grade_id(c) for c in release.cells if assemble.is_written(c)]
+    tests = {assemble.grade_id(c): 1.0 for c in release.cells if assemble.is_test(c)}
+    assert written
+    course_steps.record(course, gradebook.COURSE_ID, LAB, [("ann", tests, False), ("bob", tests, False)],
+                        {"ann": dict.fromkeys(written), "bob": dict.fromkeys(written, 0.0)})
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", gradebook.COURSE_ID) as book:
+        for gid in written:
+            ann, bob = (book.find_grade(gid, LAB, LAB, student) for student in ("ann", "bob"))
+            assert ann.needs_manual_grade and ann.auto_score is None and ann.score == 0
+            assert not bob.needs_manual_grade and bob.auto_score == 0
+        assert book.find_submission(LAB, "ann").needs_manual_grade
+        assert not book.find_submission(LAB, "bob").needs_manual_grade
+
+
 def test_exchange_permissions(tmp_path):
     course = exchange.prepare(tmp_path / "exchange", "specdec-lab")
     modes = {sub: stat.S_IMODE((course / sub).stat().st_mode) for sub in exchange.EXCHANGE_MODES}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from autograder import pipeline
+from autograder import assemble, pipeline
 
 LABS = pipeline.list_labs()
 
@@ -41,12 +41,30 @@ def test_source_notebook_structure(lab):
         "a hidden test cell holds one comment; its logic lives in autograder/checks, out of the notebook"
     assert "warnings.filterwarnings" in cells[0].source and nbgrader_meta(cells[0]).get("locked")
     for before, cell in zip(cells, cells[1:], strict=False):
-        if nbgrader_meta(cell).get("grade"):
+        if nbgrader_meta(cell).get("grade") and not nbgrader_meta(cell).get("solution"):
             # nbgrader 0.9.6 can only restore a deleted test cell that follows a solution or test cell.
             assert nbgrader_meta(before).get("grade") or nbgrader_meta(before).get("solution"), cell.source[:60]
     for cell in cells:
-        if nbgrader_meta(cell).get("solution"):
+        if nbgrader_meta(cell).get("solution") and cell.cell_type == "code":
             assert "### BEGIN SOLUTION" in cell.source, nbgrader_meta(cell)["grade_id"]
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_written_answers_are_manually_graded_cells_after_their_question(lab):
+    """A written answer is nbgrader's manually graded answer: a markdown cell, solution and grade, not a task,
+    with points, holding the model answer (the release replaces it whole by nbgrader's text stub). The markdown
+    cell before it asks the question and gives its rubric; the written answers come after the lab's last test."""
+    nb = nbformat.read(pipeline.SOLUTIONS / lab / f"{lab}.ipynb", as_version=4)
+    written = [i for i, c in enumerate(nb.cells) if assemble.is_written(c)]
+    for index in written:
+        cell, question = nb.cells[index], nb.cells[index - 1]
+        meta = nbgrader_meta(cell)
+        assert cell.cell_type == "markdown" and meta["points"] > 0 and meta.get("task") is False, meta
+        assert "BEGIN SOLUTION" not in cell.source and len(cell.source.split()) > 40, "a model answer, whole"
+        assert question.cell_type == "markdown" and not nbgrader_meta(question), "the question comes first"
+        assert "**Rubric**" in question.source and "graded by a person" in question.source, question.source[:80]
+    tests = [i for i, c in enumerate(nb.cells) if assemble.is_test(c)]
+    assert all(index > max(tests) for index in written), "written answers come at the end of the lab"
 
 
 @pytest.mark.parametrize("lab", LABS)

@@ -1,7 +1,9 @@
 """Checks of lab 2 (the decode loop): drafting that samples from the q it reports, at the target's temperature;
-cache rollback; a step that is lossless even with a draft that differs from the target; EOS; the formulas.
-The trusted side recomputes every distribution from its own copy of the lab's models (the reference
-solution's setup), so nothing the student's kernel did to its models changes what is expected."""
+cache rollback; a step that is lossless even with a draft that differs from the target; EOS; the formulas; alpha
+and tau measured apart from one run of the loop. The trusted side recomputes every distribution from its own copy
+of the lab's models (the reference solution's setup), so nothing the student's kernel did to its models changes
+what is expected; where a check asks what a run did (its forwards, how many drafts it kept), the models are served
+from here and the run is counted here."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from autograder.checks._common import (
 P_VALUE = 1e-6
 PROMPT = [5, 17, 42, 8, 23, 61, 3]  # the lab's own prompt (visible tests)
 VOCAB = 64
+MEASURE_STEPS = 12  # steps of the run whose alpha and tau are measured
+MEASURE_NOISE = 0.003  # the lab's own draft noise: on a new target it keeps some first drafts and rejects others
 
 
 def full_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -36,15 +40,32 @@ def full_logits(model, tokens: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([tokens])).logits[0].double()
 
 
-def served_pair(inputs: dict, ref: dict) -> dict:
-    """A target of the lab's construction from a seed the sandbox never sees, and a draft identical to it: every
-    drafted token is then accepted, so a real speculative loop emits k + 1 tokens per target forward."""
-    import copy
-
-    target = ref["tiny_llama"](seed=inputs["secret"]["target_seed"], hidden=48, layers=2)
+def hidden_target(seed: int, ref: dict):
+    """A target of the lab's construction from a seed the sandbox never sees."""
+    target = ref["tiny_llama"](seed=seed, hidden=48, layers=2)
     with torch.no_grad():
         target.lm_head.weight.mul_(4.0)  # sharp, like the lab's target
+    return target
+
+
+def served_pair(inputs: dict, ref: dict) -> dict:
+    """A hidden target and a draft identical to it: every drafted token is then accepted, so a real speculative
+    loop emits k + 1 tokens per target forward."""
+    import copy
+
+    target = hidden_target(inputs["secret"]["target_seed"], ref)
     return {"target": target, "draft": copy.deepcopy(target)}
+
+
+def noisy_pair(secret: dict, ref: dict) -> dict:
+    """A hidden target and a draft made from it the way the lab makes its own (`noisy_copy`, from another hidden
+    seed): it keeps some drafted tokens and rejects others."""
+    target = hidden_target(secret["target_seed"], ref)
+    return {"target": target, "draft": ref["noisy_copy"](target, seed=secret["draft_seed"], noise=MEASURE_NOISE)}
+
+
+def noisy_served_pair(inputs: dict, ref: dict) -> dict:
+    return noisy_pair(inputs["secret"], ref)
 
 
 def hidden_target_seed(generator: torch.Generator) -> dict:
@@ -274,6 +295,79 @@ def judge_formulas_visible(inputs: dict, answer: dict, ref: dict) -> None:
     require(isclose(got, 1.875 / 1.75, 1e-9), f"alpha = 0.5, k = 3, c = 0.25: 1.875 / (3 * 0.25 + 1), got {got}")
 
 
+def greedy_step_lengths(pair: dict, prompt: list[int], steps: int, k: int) -> list[int]:
+    """How many tokens each of `steps` greedy speculative steps emits after `prompt` on `pair` (k drafted per
+    step), worked out here from the models themselves without any cache: the counts a correct loop's run has."""
+    reference = greedy_tokens(pair["target"], prompt, steps * (k + 1) + 1)
+    done, lengths = 1, []  # start() emits the first token
+    for _ in range(steps):
+        drafted = greedy_tokens(pair["draft"], prompt + reference[:done], k)
+        kept = next((i for i, token in enumerate(drafted) if token != reference[done + i]), k)
+        lengths.append(kept + 1)
+        done += kept + 1
+    return lengths
+
+
+def informative(lengths: list[int], k: int) -> bool:
+    """Whether a run tells alpha apart from the other counts one could mistake for it: some step kept its first
+    drafted token and rejected a later one, so accepted / drafted < alpha and tau > 1."""
+    return any(2 <= n <= k for n in lengths)
+
+
+def measure_inputs(generator: torch.Generator, ref: dict) -> dict:
+    """A hidden noisy pair, a prompt and k whose greedy run is informative (redrawn until it is, a few times)."""
+    k = int(torch.randint(3, 6, (1,), generator=generator))
+    for _ in range(20):
+        secret = {"target_seed": 100_000 + seed_of(generator) % 100_000,
+                  "draft_seed": 200_000 + seed_of(generator) % 100_000}
+        prompt = random_context(generator)
+        lengths = greedy_step_lengths(noisy_pair(secret, ref), prompt, MEASURE_STEPS, k)
+        if informative(lengths, k):
+            break
+    return {"prompt": prompt, "steps": MEASURE_STEPS, "k": k, "secret": {**secret, "lengths": lengths}}
+
+
+def alpha_and_tau(answer) -> tuple[float, float]:
+    got = decode(answer)
+    require(isinstance(got, list) and len(got) == 2, f"measure_alpha_and_tau should return (alpha, tau), got "
+                                                     f"{show(got)}")
+    return as_float(got[0]), as_float(got[1])
+
+
+def judge_measure(inputs: dict, answer, ref: dict) -> None:
+    """One run on the served noisy pair: as many target forwards as one run makes, and the alpha and tau of that
+    run, whose counts were worked out here (the trusted side) from the hidden models."""
+    steps, k, lengths = inputs["steps"], inputs["k"], inputs["secret"]["lengths"]
+    alpha, tau = alpha_and_tau(answer)
+    ran = [f["tokens"] for f in inputs["measured"]["forwards"]["target"]]
+    require(len(ran) == 1 + steps, f"one run of {steps} steps is a prefill and {steps} verification forwards of the "
+                                   f"target; the target ran {len(ran)} times (on {show(ran)} tokens): alpha and tau "
+                                   "must both come from the one run of your loop")
+    kept, emitted = sum(n >= 2 for n in lengths), sum(lengths)
+    hint = " (that is accepted / drafted over all positions; alpha is the first drafted position's rate)" \
+        if isclose(alpha, (emitted - steps) / (k * steps)) and kept * k != emitted - steps else ""
+    require(isclose(alpha, kept / steps), f"on a new target and draft ({k} tokens drafted per step), greedy "
+                                          f"speculative decoding keeps the first drafted token in {kept} of the "
+                                          f"{steps} steps, so alpha = {kept / steps:.4g}; you returned "
+                                          f"{alpha:.4g}{hint}")
+    hint = " (the prefill is not a step)" if isclose(tau, (1 + emitted) / (1 + steps)) else ""
+    require(isclose(tau, emitted / steps), f"in that run the {steps} steps emit {emitted} tokens, so tau = "
+                                           f"{emitted / steps:.4g}; you returned {tau:.4g}{hint}")
+
+
+def judge_measure_visible(inputs: dict, answers: list, ref: dict) -> None:
+    """Exactly the visible cell's assertions (10 steps at k = 1, then at k = 4)."""
+    alpha, tau = alpha_and_tau(answers[0])
+    require(0 <= alpha <= 1 and abs(alpha * 10 - round(alpha * 10)) < 1e-9,
+            f"alpha is a share of the 10 steps (kept first drafts / 10), got {alpha}")
+    require(abs(tau - (1 + alpha)) < 1e-9, f"with k = 1 a step emits 2 tokens when its drafted token is kept and 1 "
+                                           f"otherwise, so tau = 1 + alpha = {1 + alpha:.2f}; got tau = {tau}")
+    alpha, tau = alpha_and_tau(answers[1])
+    require(1 + alpha - 1e-9 <= tau <= 1 + 4 * alpha + 1e-9,
+            f"a step that keeps its first draft emits 2 to 5 tokens, one that does not emits 1: tau must lie between "
+            f"1 + alpha = {1 + alpha:.2f} and 1 + 4 alpha = {1 + 4 * alpha:.2f}; got alpha = {alpha}, tau = {tau}")
+
+
 CHECKS = {
     "test_draft": Check("draft", fixed({"cases": [{"context": PROMPT, "k": 4, "temperature": 0.0, "seed": 0},
                                                   {"context": PROMPT, "k": 3, "temperature": 0.5, "seed": 1}]}),
@@ -302,4 +396,11 @@ CHECKS = {
                            judge_formulas_visible, "the formulas on the visible cases"),
     "test_formulas_hidden": Check("formulas", formula_inputs, judge_formulas,
                                   "the formulas at alpha = 1, the bonus token, and random settings"),
+    "test_measure": Check("measure", fixed({"cases": [{"prompt": PROMPT, "steps": 10, "k": 1},
+                                                      {"prompt": PROMPT, "steps": 10, "k": 4}]}),
+                          judge_measure_visible, "measure_alpha_and_tau on the visible cases (10 steps, k = 1 and 4)"),
+    "test_measure_hidden": Check("measure_served", measure_inputs, judge_measure,
+                                 "alpha (the first drafted token's acceptance) and tau of one run of your loop on a "
+                                 "new target and draft, against that run's counts (made where the models run)",
+                                 serve=noisy_served_pair),
 }

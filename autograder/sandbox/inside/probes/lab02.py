@@ -113,6 +113,19 @@ def generate(ns: dict, inputs: dict) -> list:
     return answers
 
 
+def measure(ns: dict, inputs: dict) -> list:
+    """The student's (alpha, tau) for each case, on the lab's own models."""
+    f = get(ns, "measure_alpha_and_tau")
+    return [call(f, list(case["prompt"]), case["steps"], k=case["k"]) for case in inputs["cases"]]
+
+
+def measure_served(ns: dict, inputs: dict):
+    """The student's (alpha, tau) of one run on the served pair (a new target and a draft that differs from it),
+    whose forwards are counted where they run."""
+    f = get(ns, "measure_alpha_and_tau")
+    return with_served_pair(ns, inputs, lambda: call(f, list(inputs["prompt"]), inputs["steps"], k=inputs["k"]))
+
+
 def formulas(ns: dict, inputs: dict) -> dict:
     tokens, speedup = get(ns, "expected_tokens_per_step"), get(ns, "expected_speedup")
     return {"tokens": [call(tokens, c["alpha"], c["k"]) for c in inputs["cases"]],
