@@ -448,7 +448,8 @@ LABS: dict[str, LabFixtures] = {
             "head_positions_from_zero": Mistake("head_forward", "    position_ids = positions[None]",
                                                 "    position_ids = torch.arange(len(tokens))[None]",
                                                 {"test_head", "test_head_hidden", "test_chain_hidden",
-                                                 "test_chain_loop", "test_dynamic_tree_hidden", "test_tree_loop"}),
+                                                 "test_chain_loop", "test_dynamic_tree", "test_dynamic_tree_hidden",
+                                                 "test_tree_loop"}),
             "feature_token_misaligned": Mistake("eagle_chain", "torch.tensor(tokens[1:]), torch.arange(n)",
                                                 "torch.tensor(tokens[:-1]), torch.arange(n)",
                                                 {"test_chain", "test_chain_hidden", "test_chain_loop"}),
@@ -472,6 +473,11 @@ LABS: dict[str, LabFixtures] = {
             "frontier_not_pruned": Mistake("dynamic_tree", "key=lambda i: (-scores[i], i))[:top_k]",
                                            "key=lambda i: (-scores[i], i))", {"test_dynamic_tree",
                                                                               "test_dynamic_tree_hidden"}),
+            # the right frontier nodes, numbered in index order instead of score order: the same tree (and tau),
+            # its nodes in another order
+            "frontier_in_index_order": Mistake("dynamic_tree", "frontier = sorted(level, key=lambda i: (-scores[i], i))"
+                                               "[:top_k]", "frontier = sorted(sorted(level, key=lambda i: (-scores[i], "
+                                               "i))[:top_k])", {"test_dynamic_tree", "test_dynamic_tree_hidden"}),
             "tree_ignores_ancestors": Mistake("dynamic_tree", "                while parents[path[0]] != -1:\n"
                                               "                    path.insert(0, parents[path[0]])\n", "",
                                               {"test_dynamic_tree", "test_dynamic_tree_hidden", "test_tree_loop"}),

@@ -1,7 +1,8 @@
 """Probes of lab 4 (EAGLE drafting). Each returns one plain answer per case; nothing here judges.
 
-Heads are built with the lab's own `EagleHead(seed, feature_share)` (the lab's `head` is seed 1 with the default
-share), so the checker can build the same head. The drafting probes also return every feature the target's
+A case's head is the lab's own trained `head` from the setup (restored before every call) when the case names no
+seed, else an untrained head built with the lab's own `EagleHead(seed)`; the checker holds the same heads (it
+runs the lab's setup, training included, itself). The drafting probes also return every feature the target's
 output layer scored during the student's call (`scored`): the checker turns them into the draft's
 probabilities itself and compares them with the reference's, which tells a head fed at the wrong positions
 from the method even where the argmax tokens agree. The loop probes compute the greedy continuation here from
@@ -25,8 +26,9 @@ def eagle_training_pairs(ns: dict, inputs: dict) -> list:
 
 
 def lab_head(ns: dict, case: dict):
-    """A head of the lab's own construction: the case's seed and feature share, or the lab's `head`'s."""
-    return get(ns, "EagleHead")(seed=case.get("head_seed", 1), feature_share=case.get("feature_share", 0.005))
+    """The case's head: the lab's trained `head` when it names no seed, else the lab's `EagleHead(seed)`."""
+    seed = case.get("head_seed")
+    return get(ns, "head") if seed is None else get(ns, "EagleHead")(seed=seed)
 
 
 @contextmanager
