@@ -583,9 +583,10 @@ EAGLE_TREE = {"depth": 4, "top_k": 4}
 
 
 def eagle_head_for(target: torch.nn.Module) -> tuple[EagleHead, str]:
-    """The zoo's trained EAGLE head when it fits `target`, else a head built from the target as in lab 4 (its
-    decoder layer and norm copy the target's last ones, `fc` passes the token embedding through with a small
-    seeded share of the feature). Returns the head and a phrase saying which it is."""
+    """The zoo's trained EAGLE head when it fits `target`, else an untrained stand-in built from the target itself
+    (its decoder layer and norm copy the target's last ones, `fc` passes the token embedding through with a small
+    seeded share of the feature: self-speculation on the target's own last layer, not the head lab 4 trains, which
+    fits only the lab's tiny target). Returns the head and a phrase saying which it is."""
     try:
         return EagleHead.load(zoo_path() / "eagle", target), "the zoo's trained EAGLE head"
     except (FileNotFoundError, ValueError, RuntimeError):
@@ -600,7 +601,7 @@ def eagle_head_for(target: torch.nn.Module) -> tuple[EagleHead, str]:
         identity = torch.eye(hidden, device="cpu")
         head.fc.weight.copy_(torch.cat([mixing, identity], dim=1).to(head.fc.weight))
         head.fc.bias.zero_()
-    return head, "a head built from the target as in the lab (no zoo head fits it)"
+    return head, "an untrained stand-in built from the target's own last layer (no zoo head fits it)"
 
 
 class StudentEagleDrafter(Drafter):
@@ -668,8 +669,8 @@ def lab04_methods(module: ModuleType, config: bench.BenchConfig) -> list[bench.M
 LAB_BENCHMARKS = [
     LabBenchmark(("head_forward", "eagle_chain", "dynamic_tree"), "my EAGLE-2 tree",
                  "my `dynamic_tree` (with my `head_forward` inside) drafts EAGLE-2 trees from the zoo's trained EAGLE "
-                 "head (or, for a target the zoo head does not fit, a head built from it as in the lab) in "
-                 "`specdec_lab.generate`, against the engine's own EAGLE-2 drafter with the same head, depth "
+                 "head (or, for a target the zoo head does not fit, an untrained stand-in built from its own last "
+                 "layer) in `specdec_lab.generate`, against the engine's own EAGLE-2 drafter with the same head, depth "
                  f"{EAGLE_TREE['depth']}, top-k {EAGLE_TREE['top_k']} and verification budget", lab04_methods),
     LabBenchmark(("train_eagle", "eagle_loss", "eagle_pairs"), "my EAGLE head",
                  "my `train_eagle` (and `train_eagle3`) train EAGLE heads on the lab's target; each head drafts "
