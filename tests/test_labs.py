@@ -51,11 +51,13 @@ def test_source_notebook_structure(lab):
 
 @pytest.mark.parametrize("lab", LABS)
 def test_written_answers_are_manually_graded_cells_after_their_question(lab):
-    """A written answer is nbgrader's manually graded answer: a markdown cell, solution and grade, not a task,
-    with points, holding the model answer (the release replaces it whole by nbgrader's text stub). The markdown
-    cell before it asks the question and gives its rubric; the written answers come after the lab's last test."""
+    """Every lab asks the student to interpret what they measured in at least one written answer: nbgrader's
+    manually graded answer, a markdown cell, solution and grade, not a task, with points, holding the model answer
+    (the release replaces it whole by nbgrader's text stub). The markdown cell before it asks the question and
+    gives its rubric; the written answers come after the lab's last test."""
     nb = nbformat.read(pipeline.SOLUTIONS / lab / f"{lab}.ipynb", as_version=4)
     written = [i for i, c in enumerate(nb.cells) if assemble.is_written(c)]
+    assert written, f"{lab} asks no written question"
     for index in written:
         cell, question = nb.cells[index], nb.cells[index - 1]
         meta = nbgrader_meta(cell)
