@@ -8,6 +8,7 @@
     python -m hub grade LAB                 # python -m autograder grade on them; scores into the gradebook
     python -m hub feedback LAB              # the feedback pages through nbgrader's feedback exchange
     python -m hub nbgrader-config --exchange DIR   # a server's nbgrader configuration (the Kubernetes image)
+    python -m hub load --students 20 [--out F]     # measure: N temporary students running lesson 1 at once
 
 Every command but start reads the hub's settings from HUB_DIR (default /srv/specdec-lab-hub); --course ID
 checks that the hub serves that course.
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop", help="stop the hub")
     nbc = sub.add_parser("nbgrader-config", help="print the nbgrader configuration of a server (the k8s image)")
     nbc.add_argument("--exchange", type=Path, required=True, help="the exchange root as the server sees it")
+    load = sub.add_parser("load", help="how many students this machine holds (temporary users, a hub of its own)")
+    load.add_argument("--students", type=int, default=20)
+    load.add_argument("--cells", type=int, default=2, help="lesson 1's first code cells to run (default 2)")
+    load.add_argument("--out", type=Path, help="write the figures as JSON")
     for name in ("release", "close", "collect", "grade", "feedback"):
         step = sub.add_parser(name)
         step.add_argument("lab")
@@ -125,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
             return start(args)
         if args.command == "stop":
             return stop(args.hub_dir)
+        if args.command == "load":
+            from hub import load as class_load
+
+            if os.geteuid() != 0 or args.students < 1:
+                raise SettingsError("load needs root (temporary system users, one server each) and --students >= 1")
+            return class_load.main(args.students, args.out, args.cells)
         if args.command == "nbgrader-config":
             print(exchange_file(exchange_config(args.exchange, args.course or COURSE_ID)), end="")
             return 0

@@ -7,36 +7,28 @@ ports it used are checked free afterwards."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import pwd
 import re
 import secrets
 import shutil
-import signal
-import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import nbformat
 import pytest
-import requests
 import yaml
 
 from hub import course as course_steps
 from hub import exchange, users
 from hub import settings as hub_settings
+from hub.client import LAB, PROXY, Hub, running_hub
 from hub.settings import REPO, HubSettings, SettingsError
 
-LAB = "lab01_sampling"
-PROXY = Path.home() / ".cache/specdec-lab/hub-proxy/node_modules/.bin/configurable-http-proxy"
 ROOT = os.geteuid() == 0
 
 
@@ -201,176 +193,6 @@ def test_dockerfile_passes_hadolint():
 # ------------------------------------------------------------------------------------------ the class, end to end
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
-
-
-class Hub:
-    """A running hub of temporary users, driven over HTTP like a browser and the REST API."""
-
-    def __init__(self, settings: HubSettings, passwords: dict[str, str], process: subprocess.Popen, log: Path):
-        self.settings, self.passwords, self.process, self.log = settings, passwords, process, log
-        self.url = f"http://127.0.0.1:{settings.port}"
-        self.tokens: dict[str, str] = {}
-
-    def login(self, name: str, password: str | None = None) -> requests.Session:
-        session = requests.Session()
-        session.get(f"{self.url}/hub/login", timeout=30)
-        answer = session.post(f"{self.url}/hub/login?next=", timeout=60, allow_redirects=False, data={
-            "username": name, "password": password or self.passwords[name], "_xsrf": session.cookies["_xsrf"]})
-        session.login_status = answer.status_code
-        return session
-
-    def token(self, name: str) -> str:
-        """Log `name` in with their password, then make an API token the way the hub's token page does."""
-        session = self.login(name)
-        assert session.login_status == 302, f"login of {name} failed: {session.login_status}"
-        answer = session.post(f"{self.url}/hub/api/users/{name}/tokens", json={"note": "class test"}, timeout=30,
-                              headers={"X-XSRFToken": session.cookies["_xsrf"]})
-        answer.raise_for_status()
-        self.tokens[name] = answer.json()["token"]
-        return self.tokens[name]
-
-    def api(self, name: str, method: str, path: str, **kwargs) -> requests.Response:
-        return requests.request(method, f"{self.url}{path}", timeout=180,
-                                headers={"Authorization": f"token {self.tokens[name]}"}, **kwargs)
-
-    def start_server(self, name: str) -> None:
-        answer = self.api(name, "POST", f"/hub/api/users/{name}/server")
-        assert answer.status_code in (201, 202), answer.text + self.log.read_text()[-3000:]
-
-    def wait_ready(self, name: str, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            model = self.api(name, "GET", f"/hub/api/users/{name}").json()
-            server = model.get("servers", {}).get("", {})
-            if server.get("ready"):
-                return
-            time.sleep(1)
-        raise AssertionError(f"{name}'s server did not start; hub log:\n{self.log.read_text()[-4000:]}")
-
-    def server(self, name: str, method: str, path: str, **kwargs) -> requests.Response:
-        return self.api(name, method, f"/user/{name}{path}", **kwargs)
-
-    def nbgrader_action(self, name: str, action: str, lab: str = LAB) -> dict | list:
-        answer = self.server(name, "POST", f"/assignments/{action}",
-                             data={"course_id": self.settings.course_id, "assignment_id": lab})
-        answer.raise_for_status()
-        return answer.json()
-
-    def put_notebook(self, name: str, path: str, notebook) -> None:
-        answer = self.server(name, "PUT", f"/api/contents/{path}",
-                             json={"type": "notebook", "format": "json", "content": json.loads(
-                                 nbformat.writes(notebook))})
-        assert answer.status_code in (200, 201), answer.text
-
-    def get_file(self, name: str, path: str) -> requests.Response:
-        return self.server(name, "GET", f"/api/contents/{path}", params={"content": 1})
-
-    def run_code(self, name: str, code: str, timeout: float = 120) -> str:
-        """Run `code` in a new kernel of `name`'s server (over its websocket, as JupyterLab does); its stdout."""
-        from tornado.httpclient import HTTPRequest
-        from tornado.websocket import websocket_connect
-
-        kernel = self.server(name, "POST", "/api/kernels", json={"name": "python3"}).json()["id"]
-        url = f"ws://127.0.0.1:{self.settings.port}/user/{name}/api/kernels/{kernel}/channels"
-
-        async def talk() -> str:
-            socket_ = await websocket_connect(HTTPRequest(url, headers={
-                "Authorization": f"token {self.tokens[name]}"}))
-            msg_id = uuid.uuid4().hex
-            socket_.write_message(json.dumps({
-                "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": name, "session": msg_id,
-                           "version": "5.3", "date": ""},
-                "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-                "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                            "allow_stdin": False, "stop_on_error": True}}))
-            out = []
-            while True:
-                message = json.loads(await asyncio.wait_for(socket_.read_message(), timeout))
-                if message.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind = message["header"]["msg_type"]
-                if kind == "stream":
-                    out.append(message["content"]["text"])
-                elif kind == "error":
-                    out.append("\n".join(message["content"]["traceback"]))
-                elif kind == "status" and message["content"]["execution_state"] == "idle":
-                    socket_.close()
-                    return "".join(out)
-
-        try:
-            return asyncio.run(talk())
-        finally:
-            self.server(name, "DELETE", f"/api/kernels/{kernel}")
-
-
-def stop_process_group(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)  # JupyterHub stops every server and its proxy on SIGTERM
-    try:
-        process.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-
-
-@contextlib.contextmanager
-def running_hub(students: int):
-    """A hub on loopback (free ports) with `students` temporary students and one instructor, a temporary
-    exchange; removed with everything it started, even when the test fails."""
-    tag = secrets.token_hex(2)
-    names = [f"sdh{tag}s{i}" for i in range(students)]
-    teacher = f"sdh{tag}t"
-    base = Path(tempfile.mkdtemp(prefix="specdec-hub-"))
-    os.chmod(base, 0o755)  # the exchange inside it must be reachable by the students
-    ports = [free_port() for _ in range(3)]
-    process = None
-    created: list[str] = []
-    try:
-        passwords = {}
-        for name in [teacher, *names]:
-            passwords[name] = users.create(name)
-            created.append(name)
-        settings = HubSettings(students=names, instructors=[teacher], state_dir=base / "state",
-                               exchange_dir=base / "exchange",
-                               course_dir=Path(pwd.getpwnam(teacher).pw_dir) / "course", port=ports[0],
-                               proxy_command=PROXY, extra={"hub_port": ports[1], "proxy_api_port": ports[2]})
-        course_steps.prepare(settings)
-        log = base / "jupyterhub.log"
-        with open(log, "w") as handle:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "jupyterhub", "-f", str(REPO / "hub" / "jupyterhub_config.py")],
-                cwd=settings.state_dir / "private", stdout=handle, stderr=subprocess.STDOUT,
-                env=dict(os.environ, SPECDEC_HUB_SETTINGS=str(settings.settings_file)), start_new_session=True)
-        hub = Hub(settings, passwords, process, log)
-        deadline = time.monotonic() + 300  # JupyterHub starts in seconds idle, minutes on a busy 2-core box
-        while True:
-            with contextlib.suppress(requests.ConnectionError):
-                if requests.get(f"{hub.url}/hub/api", timeout=5).status_code == 200:
-                    break
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.5)
-        yield hub
-    finally:
-        if process is not None:
-            stop_process_group(process)
-            shutil.copy(base / "jupyterhub.log", Path(tempfile.gettempdir()) / "specdec-hub-test.log")
-        for name in created:
-            users.remove(name)
-        shutil.rmtree(base, ignore_errors=True)
-        assert all(port_free(p) for p in ports), "a port of the hub is still in use after it stopped"
-        assert not any(users.exists(n) for n in created)
-
-
 def roundtrip(hub: Hub, step: str, *args: str) -> subprocess.CompletedProcess:
     """One instructor command, as documented (python -m hub STEP LAB), against this hub's state."""
     return subprocess.run([sys.executable, "-m", "hub", "--hub-dir", str(hub.settings.state_dir.parent), step,
@@ -530,3 +352,24 @@ def test_a_class_on_the_hub(tmp_path):
                  for n in hub.settings.students}
         assert len(pages) == 3
     print(f"the class test took {time.monotonic() - started:.0f} s")
+
+
+def test_the_load_measurement_runs_lesson_ones_first_cells_and_reports_per_student_memory():
+    """`python -m hub load` runs lesson 1's own first code cells (loading the pair, then generating), compiled as
+    one program that says when it finished; its summary names each figure the README quotes."""
+    from hub import load
+
+    program = load.first_cells(2)
+    compile(program, "lesson 1", "exec")
+    assert "load_pair" in program and "sd.generate" in program and program.rstrip().endswith(f"print({load.DONE!r})")
+    assert "sd.generate" not in load.first_cells(1)
+    figures = {"students": 20, "cells": 2, "cpu_cores": 2, "memory_total_mib": 24064,
+               "memory_available_before_mib": 22000, "memory_available_loaded_mib": 2000,
+               "server_start_seconds": {"median": 30.0, "max": 61.5, "all": 61.5},
+               "cells_seconds": {"median": 40.0, "max": 80.0, "all": 80.0}, "cells_completed": 19,
+               "idle_server_mib": 150, "student_mib": {"median": 900, "max": 950, "total": 18000},
+               "class_mib_per_student": 1000, "students_per_machine_by_memory": 22}
+    text = load.summary(figures)
+    for expected in ("20 students on 2 cores", "slowest 61.5 s", "19/20 completed", "150 MiB for an idle server",
+                     "fell by 1000 MiB per student", "by memory: 22"):
+        assert expected in text, (expected, text)
