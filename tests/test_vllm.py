@@ -193,3 +193,48 @@ def test_vllm_tokenises_as_we_do_and_its_greedy_draft_model_decoding_is_ours():
     assert greedy.new_tokens == 320 and 0 < greedy.accepted <= greedy.draft_tokens and greedy.tau > 1.2
     assert len(greedy.accepted_per_position) == 4 and greedy.accepted_per_position[0] >= greedy.accepted_per_position[3]
     assert sampled.outputs != greedy.outputs[:2] and all(len(o) == 32 for o in sampled.outputs)
+
+
+METRICS_PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="zoo"} 12.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="zoo"} 48.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="zoo"} 30.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="zoo",position="1"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="zoo",position="0"} 11.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="zoo",position="3"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="zoo",position="2"} 7.0
+vllm:prompt_tokens_total{engine="0",model_name="zoo"} 999.0
+"""
+
+
+def test_the_servers_metrics_page_becomes_the_courses_counters():
+    from specdec_lab.vllm_server import parse_spec_metrics
+
+    counts = parse_spec_metrics(METRICS_PAGE)
+    assert counts == {"drafts": 12, "draft_tokens": 48, "accepted": 30, "accepted_per_position": [11, 8, 7, 4]}
+    assert parse_spec_metrics("# nothing speculative\nvllm:prompt_tokens_total 5.0\n") == \
+        {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": []}
+
+
+@needs_vllm
+def test_vllm_serve_round_trip_with_the_openai_client_and_its_metrics():
+    """`vllm serve` on the zoo pair with the draft model (k = 4) on a free loopback port, started and stopped
+    here: three held-out prompts as token ids through the openai client, greedy, 24 tokens each, equal to our
+    plain decoding on at least 2 of 3; the server's /metrics count the drafts; the port is free afterwards."""
+    import socket
+
+    from specdec_lab.bench import corpus_prompts
+    from specdec_lab.vllm_server import round_trip
+
+    zoo = load_pair()
+    prompts = [p.ids for p in corpus_prompts("heldout", zoo.tokenizer, 3, 200)]
+    result = round_trip(prompts, max_tokens=24, method="draft", k=4, threads=1)
+    ours = [generate(zoo.target, ids, max_new_tokens=24).tokens for ids in prompts]
+    same = sum(a == b for a, b in zip(ours, result["completions"], strict=True))
+    assert same >= 2, (same, result["completions"], ours)
+    spec = result["spec"]
+    assert spec["drafts"] > 0 and 0 < spec["accepted"] <= spec["draft_tokens"] == 4 * spec["drafts"], spec
+    assert result["tau"] > 1.2, result
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", result["port"])) != 0, "the server stopped with the call"
