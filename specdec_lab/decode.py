@@ -401,6 +401,7 @@ def decode_run(target: torch.nn.Module, run: RunSetup, drafter: Drafter | None, 
         else:
             draft = Draft(torch.empty(0, dtype=torch.long, device=device))
         tick = clock.add("draft_seconds", tick)
+        step_started, feeds_prompt = tick, cache_length(cache) == 0  # the prompt rides along with this step
 
         if draft.parents is None:
             logits, verdict, emitted, hidden = chain_step(target, draft, state, cache, want_hidden)
@@ -418,6 +419,9 @@ def decode_run(target: torch.nn.Module, run: RunSetup, drafter: Drafter | None, 
         if want_hidden:
             state.hidden_states = hidden
         tick = clock.add("verify_seconds", tick)
+        if feeds_prompt:
+            stats.prefill_seconds += tick - step_started
+            stats.prompt_steps += 1
         if on_step is not None:
             on_step(StepRecord(draft, logits, process_logits(logits, sampling), verdict, emitted))
         if drafter is not None and not stopped:

@@ -20,8 +20,10 @@ class DecodeStats:
     drafted_at / reached_at / accepted_at: per draft position (0 = first drafted token), how often it was
     proposed, reached (proposed with every earlier position kept) and kept; draft_seconds / verify_seconds /
     total_seconds: wall time in the drafter, in target forwards plus verification, and overall;
-    prefill_seconds: the part of verify_seconds spent on the prompt's own forward, when the loop runs it
-    before the first draft (0 when the prompt rides along with the first verification).
+    prefill_seconds: the part of verify_seconds spent on the target forward that fed the prompt: its own
+    forward before the first draft, or the first step when the prompt rides along with the first verification
+    (plain decoding, a draft model); prompt_steps: verification steps that fed the prompt (1 in that second
+    case, else 0), so per-step figures can leave them out.
     """
 
     target_forwards: int = 0
@@ -35,6 +37,7 @@ class DecodeStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    prompt_steps: int = 0
     total_seconds: float = 0.0
 
     def record_step(self, drafted: int, accepted: int) -> None:

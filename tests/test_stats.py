@@ -76,3 +76,20 @@ def test_stats_agree_with_the_steps_of_a_mixed_run(tiny_target, tiny_draft, prom
     assert set(stats.summary()) >= {"new_tokens", "target_forwards", "drafted", "accepted", "tau",
                                     "acceptance_rate", "per_position_acceptance", "accepted_histogram",
                                     "draft_seconds", "verify_seconds", "other_seconds", "total_seconds"}
+
+
+def test_the_forward_that_fed_the_prompt_is_timed_as_the_prefill(tiny_target, tiny_draft, prompts):
+    """Plain decoding and a draft model feed the prompt in their first step; that step's verify time is the
+    prefill (so per-step costs can leave it out). A drafter that needs the target's view of the prompt first
+    (EAGLE) runs its own prefill forward, before any step."""
+    from specdec_lab import EagleDrafter, EagleHead
+    from specdec_lab.drafters.eagle import EagleConfig
+
+    for drafter in (None, DraftModelDrafter(tiny_draft, k=3)):
+        stats = generate(tiny_target, prompts[1], drafter=drafter, max_new_tokens=12).stats
+        assert stats.prompt_steps == 1 and 0 < stats.prefill_seconds < stats.verify_seconds, stats
+    head = EagleHead(EagleConfig.from_target(tiny_target)).attach(tiny_target).eval()
+    stats = generate(tiny_target, prompts[1], drafter=EagleDrafter(head, mode="chain", depth=2),
+                     max_new_tokens=12).stats
+    assert stats.prompt_steps == 0 and stats.target_forwards == len(stats.accepted_per_step) + 1
+    assert 0 < stats.prefill_seconds < stats.verify_seconds
