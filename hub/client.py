@@ -117,8 +117,9 @@ class Hub:
         url = f"ws://127.0.0.1:{self.settings.port}/user/{name}/api/kernels/{kernel}/channels"
 
         async def talk() -> str:
-            socket_ = await websocket_connect(HTTPRequest(url, headers={
-                "Authorization": f"token {self.tokens[name]}"}))
+            # A kernel that many students start at once can take minutes to answer on a small machine.
+            socket_ = await websocket_connect(HTTPRequest(url, connect_timeout=timeout, request_timeout=timeout,
+                                                          headers={"Authorization": f"token {self.tokens[name]}"}))
             msg_id = uuid.uuid4().hex
             socket_.write_message(json.dumps({
                 "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": name, "session": msg_id,

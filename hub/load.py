@@ -75,7 +75,11 @@ def measure(students: int, cells: int = 2, log=print) -> dict:
 
         def run(name: str) -> tuple[float, bool]:
             begun = time.monotonic()
-            out = hub.run_code(name, code, timeout=1800, keep_kernel=True)
+            try:
+                out = hub.run_code(name, code, timeout=1800, keep_kernel=True)
+            except Exception as error:  # one student's failure is a figure of the class, not the end of it
+                log(f"{name}: {type(error).__name__}: {error}")
+                out = ""
             return time.monotonic() - begun, DONE in out
 
         began = time.monotonic()
