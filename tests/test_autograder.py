@@ -1,10 +1,14 @@
 """The autograder: simulated classes graded end to end (sandbox, trusted checks, nbgrader's gradebook and
 feedback), the lenient assembly of submitted files, the lab rules as warnings, and bad input.
 
-The end-to-end tests are slow (every notebook runs in its own sandboxed kernel): each lab's fixtures are graded
+The end-to-end tests are slow (every notebook runs in its own sandboxed kernel): a lab's fixtures are graded
 in ONE batch, which is also what shows that no submission changes anyone else's grade. Attacks on the kernel
-itself (loops, exits, floods, bombs, killing processes, reading the disk, patching the probes) do not depend
-on the lab, so they run in lab 1's batch.
+itself (loops, exits, floods, bombs, killing processes, reading the disk, patching the probes) and the intake's
+cases (edited or deleted cells, pasted helpers, odd metadata) do not depend on the lab, so they run in lab 1's
+batch. `make test` grades lab 1's whole class and, for every other lab, a representative batch (the solution, a
+blank, the lab's own attacks, objects that lie to its checks, its first classic mistake and two broken files);
+the whole classes of labs 2 to 6 (every classic mistake and honest habit) are marked `whole_class` and run
+under `make test-grading`, which keeps the suite within its time on 2 cores.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from autograder import assemble, fixtures, gradebook, pipeline
 from specdec_lab import lab_rules
 
 LIMITS = pipeline.Limits(cell_timeout=60, memory_bytes=3 << 30, cpu_seconds=300)
+# Lab 1's cells run in a few seconds; its batch holds the infinite loop, which waits out the whole cell limit.
+LAB01_LIMITS = pipeline.Limits(cell_timeout=30, memory_bytes=3 << 30, cpu_seconds=300)
 # Attacks that do not depend on the lab run in lab 1's batch only (they take the most time).
 LAB_INDEPENDENT_ATTACKS = {"infinite_loop", "sys_exit", "raise_system_exit", "os_exit", "stdout_flood",
                            "memory_bomb", "fork_bomb", "kills_grader", "reads_solutions", "interpreter_tricks",
@@ -262,25 +268,43 @@ def add_class_stopping_names(folder: Path, lab: str) -> None:
     (folder / ".hidden_lab01.ipynb").write_text(solution)
 
 
-def chosen_fixtures(lab: str) -> list[fixtures.Fixture]:
+# The fixtures the representative batch of labs 2 to 6 always holds (the test's assertions name them).
+BATCH_ALWAYS = {"solution", "blank", "lying_objects", "corrupt_file", "newer_schema"}
+
+
+def chosen_fixtures(lab: str, scope: str = "class") -> list[fixtures.Fixture]:
+    """The simulated submissions graded for `lab`: scope "class" is every one (lab 1) or every one but the
+    lab-independent attacks (the other labs); "batch" is the representative batch described above."""
     every = fixtures.fixtures(lab, release_of(lab))
     if lab == "lab01_sampling":
         return every
-    return [f for f in every if f.name not in LAB_INDEPENDENT_ATTACKS]
+    every = [f for f in every if f.name not in LAB_INDEPENDENT_ATTACKS]
+    if scope == "class":
+        return every
+    own_attacks = {f.name for f in every if f.kind == "attack" and f.name != "imports_reference"}
+    first_mistake = next(name for name in fixtures.LABS[lab].mistakes)
+    return [f for f in every if f.name in BATCH_ALWAYS | own_attacks | {first_mistake}]
+
+
+GRADED_BATCHES = [pytest.param("lab01_sampling", "class", id="lab01_sampling"),
+                  *(pytest.param(lab, "batch", id=f"{lab}-batch", marks=pytest.mark.representative)
+                    for lab in LABS[1:]),
+                  *(pytest.param(lab, "class", id=lab, marks=pytest.mark.whole_class) for lab in LABS[1:])]
 
 
 @pytest.mark.grading
-@pytest.mark.parametrize("lab", LABS)
-def test_end_to_end_grading_of_simulated_class(lab, tmp_path):
+@pytest.mark.parametrize(("lab", "scope"), GRADED_BATCHES)
+def test_end_to_end_grading_of_simulated_class(lab, scope, tmp_path):
     """Honest work loses nothing it should not, each classic mistake loses exactly its tests, attacks earn
     nothing, and the reference is intact after the schema-breaking and grader-killing submissions."""
-    chosen = chosen_fixtures(lab)
+    chosen = chosen_fixtures(lab, scope)
     submissions = tmp_path / "submissions"
     fixtures.write(chosen, submissions)
     if lab == "lab01_sampling":
         add_class_stopping_names(submissions, lab)
     before = digest(submissions)
-    results = {r.student: r for r in pipeline.grade(lab, submissions, tmp_path / "out", LIMITS, seed=7)}
+    limits = LAB01_LIMITS if lab == "lab01_sampling" else LIMITS
+    results = {r.student: r for r in pipeline.grade(lab, submissions, tmp_path / "out", limits, seed=7)}
     assert digest(submissions) == before, "the submitted files must be left untouched"
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     print(f"{lab}: the grader's peak memory over the batch {peak / 2**30:.2f} GiB")

@@ -48,11 +48,12 @@ def definitions(source: str) -> str:
 
 
 def variant(ref: dict, overrides: dict[str, str] | None = None) -> dict:
-    """A copy of the reference namespace in which every answer cell's definitions run again (the solution's, or
-    `overrides`: cell -> source), so that each function sees the copy and the rewritten functions."""
+    """A copy of the reference namespace in which every code answer cell's definitions run again (the solution's,
+    or `overrides`: cell -> source), so that each function sees the copy and the rewritten functions. The written
+    answer (a markdown cell graded by a person) is prose, not code."""
     ns = dict(ref)
     cells = [fixtures.grade_id(c) for c in fixtures.solution_notebook(LAB).cells
-             if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
+             if c.cell_type == "code" and c.get("metadata", {}).get("nbgrader", {}).get("solution")]
     for cell in cells:
         source = (overrides or {}).get(cell) or fixtures.solution_source(LAB, cell)
         exec(compile(definitions(source), f"<variant {cell}>", "exec"), ns)  # noqa: S102 - our own test code
