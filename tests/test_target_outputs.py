@@ -36,6 +36,45 @@ def test_each_record_is_the_prompt_then_the_targets_greedy_completion(saved_mode
     assert tokenizer.padding_side == "right"  # the caller's tokenizer is left as it was
 
 
+def test_an_interrupted_generation_resumes_where_it_stopped(saved_models, tmp_path):
+    """The partial file keeps the finished batches: a run killed in its third batch, run again, generates only
+    the batches it had not finished and gives the uninterrupted stream; other prompts start afresh."""
+    target = AutoModelForCausalLM.from_pretrained(str(saved_models / "target")).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(saved_models / "tokenizer"))
+    prompts = [f"def f{i}(x):\n    return x +" for i in range(6)]
+    settings = TargetOutputs(new_tokens=4, max_prompt_tokens=32, batch_size=2)
+    whole = complete_prompts(target, tokenizer, prompts, settings)
+
+    class Interrupted(Exception):
+        pass
+
+    calls = []
+
+    class Counting(torch.nn.Module):  # the real model, counting its batches and killed in the third
+        def __init__(self, fail_at: int | None):
+            super().__init__()
+            self.fail_at = fail_at
+
+        def generate(self, **kwargs):
+            calls.append(len(kwargs["input_ids"]))
+            if len(calls) == self.fail_at:
+                raise Interrupted
+            return target.generate(**kwargs)
+
+    partial = tmp_path / "outputs.pt.partial"
+    try:
+        complete_prompts(Counting(fail_at=3), tokenizer, prompts, settings, partial)
+    except Interrupted:
+        pass
+    assert partial.exists() and len(calls) == 3
+    calls.clear()
+    assert torch.equal(complete_prompts(Counting(None), tokenizer, prompts, settings, partial), whole)
+    assert calls == [2], "only the unfinished batch is generated again"
+    calls.clear()
+    complete_prompts(Counting(None), tokenizer, prompts[:4], settings, partial)
+    assert len(calls) == 2, "a partial file of other prompts is not resumed"
+
+
 def test_long_prompts_keep_their_end():
     class Echo(torch.nn.Module):  # stands in for a model: "generates" nothing new, so only the prompt shows
         def generate(self, input_ids, attention_mask, max_new_tokens, do_sample, pad_token_id):

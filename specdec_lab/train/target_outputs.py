@@ -9,6 +9,7 @@ start from training-split prompts, so the held-out prompts stay unseen.
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,16 +24,21 @@ from specdec_lab.train.recipe import TargetOutputs
 
 @torch.no_grad()
 def complete_prompts(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
-                     settings: TargetOutputs) -> torch.Tensor:
+                     settings: TargetOutputs, partial: Path | None = None) -> torch.Tensor:
     """Each prompt followed by the target's greedy completion and end-of-text, as one int32 token stream.
 
-    prompts: the texts to complete; settings: completion length, prompt cut-off and batch size.
+    prompts: the texts to complete; settings: completion length, prompt cut-off and batch size; partial: a file
+    that keeps the batches finished so far (rewritten whole after each batch), so that a run interrupted after
+    hours on a CPU resumes where it stopped instead of starting over. It is left in place; the caller removes it.
     """
     tokenizer = copy.copy(tokenizer)  # pad and cut on the left: completions must follow the prompt's end
     tokenizer.padding_side = tokenizer.truncation_side = "left"
     eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    for start in tqdm(range(0, len(prompts), settings.batch_size), desc="target outputs", dynamic_ncols=True):
+    key = progress_key(prompts, settings)
+    done, stream = resumed(partial, key)
+    batches = range(done, len(prompts), settings.batch_size)
+    for start in tqdm(batches, desc="target outputs", dynamic_ncols=True, initial=done // settings.batch_size,
+                      total=done // settings.batch_size + len(batches)):
         batch = tokenizer(prompts[start : start + settings.batch_size], return_tensors="pt", padding=True,
                           truncation=True, max_length=settings.max_prompt_tokens, add_special_tokens=False)
         out = target.generate(**batch, max_new_tokens=settings.new_tokens, do_sample=False, pad_token_id=eos)
@@ -42,12 +48,39 @@ def complete_prompts(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBas
             if eos in completion:  # the model ended the text itself: keep that end, drop the padding after it
                 completion = completion[: completion.index(eos)]
             stream.extend(prompt + completion + [eos])
+        if partial is not None:
+            save_whole({"key": key, "done": start + settings.batch_size, "stream": torch.tensor(stream,
+                        dtype=torch.int32)}, partial)
     return torch.tensor(stream, dtype=torch.int32)
+
+
+def progress_key(prompts: list[str], settings: TargetOutputs) -> str:
+    """What a partial run must match to be resumed: the same prompts, completed with the same settings."""
+    return hashlib.sha256(repr((prompts, settings)).encode()).hexdigest()[:16]
+
+
+def resumed(partial: Path | None, key: str) -> tuple[int, list[int]]:
+    """How many prompts a partial run of the same job finished, and its stream so far ((0, []) if none)."""
+    if partial is None or not partial.exists():
+        return 0, []
+    saved = torch.load(partial)
+    if saved.get("key") != key:
+        return 0, []
+    return int(saved["done"]), saved["stream"].tolist()
+
+
+def save_whole(obj, path: Path) -> None:
+    """torch.save through a temporary file and a rename: the file is either the old one or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
 
 
 def target_output_stream(target: LlamaForCausalLM, tokenizer_dir: Path, settings: TargetOutputs,
                          val_percent: int, cache: Path) -> torch.Tensor:
-    """The target-written stream, generated once and cached at `cache` (it takes minutes on a CPU).
+    """The target-written stream, generated once and cached at `cache` (it takes an hour or more on a CPU;
+    an interrupted generation resumes from `cache` with the suffix .partial).
 
     tokenizer_dir: the zoo's tokenizer folder; val_percent: the corpus split, so prompts come from training
     files only.
@@ -55,11 +88,11 @@ def target_output_stream(target: LlamaForCausalLM, tokenizer_dir: Path, settings
     if cache.exists():
         return torch.load(cache)
     prompts = function_prompts("train", settings.prompts, load_corpus(val_percent=val_percent))
-    stream = complete_prompts(target, AutoTokenizer.from_pretrained(str(tokenizer_dir)), prompts, settings)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    torch.save(stream, tmp)
-    tmp.replace(cache)
+    partial = cache.with_name(cache.name + ".partial")
+    stream = complete_prompts(target, AutoTokenizer.from_pretrained(str(tokenizer_dir)), prompts, settings,
+                              partial)
+    save_whole(stream, cache)
+    partial.unlink(missing_ok=True)
     return stream
 
 
