@@ -62,7 +62,12 @@ def course(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(course) -> LabServer:
-    server = start_lab(course, "lab", env={"OMP_NUM_THREADS": "1"})  # kernels leave a core to the browser
+    # Kernels leave a core to the browser. The course opens as a default install has it, without `make
+    # production`'s engines (lesson 7 then says how to add them): their cells run headless in `make test`
+    # (tests/test_lessons.py), and here they would only add minutes of engine start-up to the browser suite.
+    absent = course.parent / "no-production-engines"
+    server = start_lab(course, "lab", env={"OMP_NUM_THREADS": "1", "SPECDEC_LLAMACPP_HOME": str(absent / "llama.cpp"),
+                                           "SPECDEC_VLLM_VENV": str(absent / "vllm-venv")})
     yield server
     server.stop()
 
