@@ -14,6 +14,7 @@ under `make test-grading`, which keeps the suite within its time on 2 cores.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import resource
@@ -28,7 +29,7 @@ from specdec_lab import lab_rules
 
 LIMITS = pipeline.Limits(cell_timeout=60, memory_bytes=3 << 30, cpu_seconds=300)
 # Lab 1's cells run in a few seconds; its batch holds the infinite loop, which waits out the whole cell limit.
-LAB01_LIMITS = pipeline.Limits(cell_timeout=30, memory_bytes=3 << 30, cpu_seconds=300)
+LAB01_LIMITS = dataclasses.replace(LIMITS, cell_timeout=30)
 # Attacks that do not depend on the lab run in lab 1's batch only (they take the most time).
 LAB_INDEPENDENT_ATTACKS = {"infinite_loop", "sys_exit", "raise_system_exit", "os_exit", "stdout_flood",
                            "memory_bomb", "fork_bomb", "kills_grader", "reads_solutions", "interpreter_tricks",
@@ -282,7 +283,7 @@ def chosen_fixtures(lab: str, scope: str = "class") -> list[fixtures.Fixture]:
     if scope == "class":
         return every
     own_attacks = {f.name for f in every if f.kind == "attack" and f.name != "imports_reference"}
-    first_mistake = next(name for name in fixtures.LABS[lab].mistakes)
+    first_mistake = next(iter(fixtures.LABS[lab].mistakes))
     return [f for f in every if f.name in BATCH_ALWAYS | own_attacks | {first_mistake}]
 
 

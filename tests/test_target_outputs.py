@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -62,10 +63,8 @@ def test_an_interrupted_generation_resumes_where_it_stopped(saved_models, tmp_pa
             return target.generate(**kwargs)
 
     partial = tmp_path / "outputs.pt.partial"
-    try:
+    with pytest.raises(Interrupted):
         complete_prompts(Counting(fail_at=3), tokenizer, prompts, settings, partial)
-    except Interrupted:
-        pass
     assert partial.exists() and len(calls) == 3
     calls.clear()
     assert torch.equal(complete_prompts(Counting(None), tokenizer, prompts, settings, partial), whole)

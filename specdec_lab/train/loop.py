@@ -78,15 +78,21 @@ def training_forward(module: torch.nn.Module, run: RunConfig) -> Callable:
     return call
 
 
+def save_whole(obj, path: Path) -> None:
+    """torch.save through a temporary file and a rename: the file is either the old one or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
 def keep_if_best(module: torch.nn.Module, figures: dict, state: dict, run: RunConfig, best_path: Path) -> None:
     """Save `module`'s weights to `best_path` when this evaluation's `run.select_by` figure beats the best one
     so far (ties go to the later step: more training, same score); `state["best"]` records which step it was."""
     score = figures.get(run.select_by) if run.select_by else None
     if score is None or score < state.get("best", {}).get(run.select_by, -math.inf):
         return
-    tmp = best_path.with_suffix(".tmp")
-    torch.save(module.state_dict(), tmp)
-    tmp.replace(best_path)
+    save_whole(module.state_dict(), best_path)
     state["best"] = {"step": state["step"], **figures}
 
 
@@ -191,9 +197,8 @@ def train(
         state = read_carry(module, Path(carry), workdir)
 
     def save_checkpoint() -> None:
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, tmp)
-        tmp.replace(ckpt_path)  # atomic: a stop mid-write never corrupts the checkpoint
+        # whole: a stop mid-write never corrupts the checkpoint
+        save_whole({"module": module.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, ckpt_path)
 
     this_call = hardware()
     started = time.perf_counter()

@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBas
 
 from specdec_lab.train.corpus import function_prompts, load_corpus
 from specdec_lab.train.lm import sample_batch
+from specdec_lab.train.loop import save_whole
 from specdec_lab.train.recipe import TargetOutputs
 
 
@@ -67,14 +68,6 @@ def resumed(partial: Path | None, key: str) -> tuple[int, list[int]]:
     if saved.get("key") != key:
         return 0, []
     return int(saved["done"]), saved["stream"].tolist()
-
-
-def save_whole(obj, path: Path) -> None:
-    """torch.save through a temporary file and a rename: the file is either the old one or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
 
 
 def target_output_stream(target: LlamaForCausalLM, tokenizer_dir: Path, settings: TargetOutputs,
