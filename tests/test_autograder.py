@@ -5,10 +5,11 @@ The end-to-end tests are slow (every notebook runs in its own sandboxed kernel):
 in ONE batch, which is also what shows that no submission changes anyone else's grade. Attacks on the kernel
 itself (loops, exits, floods, bombs, killing processes, reading the disk, patching the probes) and the intake's
 cases (edited or deleted cells, pasted helpers, odd metadata) do not depend on the lab, so they run in lab 1's
-batch. `make test` grades lab 1's whole class and, for every other lab, a representative batch (the solution, a
-blank, the lab's own attacks, objects that lie to its checks, its first classic mistake and two broken files);
-the whole classes of labs 2 to 6 (every classic mistake and honest habit) are marked `whole_class` and run
-under `make test-grading`, which keeps the suite within its time on 2 cores.
+batch. `make test` grades a representative batch of every lab: the solution, a blank, the lab's own attacks,
+objects that lie to its checks, its first classic mistake and two broken files; lab 1's batch also holds every
+lab-independent attack, intake case and honest habit, and the files that once stopped a class. The whole classes
+(every classic mistake and honest habit of every lab) are marked `whole_class` and run under `make test-grading`,
+which keeps the suite within its time on 2 cores.
 """
 
 from __future__ import annotations
@@ -275,22 +276,23 @@ BATCH_ALWAYS = {"solution", "blank", "lying_objects", "corrupt_file", "newer_sch
 
 def chosen_fixtures(lab: str, scope: str = "class") -> list[fixtures.Fixture]:
     """The simulated submissions graded for `lab`: scope "class" is every one (lab 1) or every one but the
-    lab-independent attacks (the other labs); "batch" is the representative batch described above."""
+    lab-independent cases (the other labs); "batch" is the representative batch described above."""
     every = fixtures.fixtures(lab, release_of(lab))
-    if lab == "lab01_sampling":
-        return every
-    every = [f for f in every if f.name not in LAB_INDEPENDENT_ATTACKS]
+    if lab != "lab01_sampling":
+        every = [f for f in every if f.name not in LAB_INDEPENDENT_ATTACKS]
     if scope == "class":
         return every
-    own_attacks = {f.name for f in every if f.kind == "attack" and f.name != "imports_reference"}
     first_mistake = next(iter(fixtures.LABS[lab].mistakes))
+    later_mistakes = set(fixtures.LABS[lab].mistakes) - {first_mistake}
+    if lab == "lab01_sampling":
+        return [f for f in every if f.name not in later_mistakes]
+    own_attacks = {f.name for f in every if f.kind == "attack" and f.name != "imports_reference"}
     return [f for f in every if f.name in BATCH_ALWAYS | own_attacks | {first_mistake}]
 
 
-GRADED_BATCHES = [pytest.param("lab01_sampling", "class", id="lab01_sampling"),
-                  *(pytest.param(lab, "batch", id=f"{lab}-batch", marks=pytest.mark.representative)
-                    for lab in LABS[1:]),
-                  *(pytest.param(lab, "class", id=lab, marks=pytest.mark.whole_class) for lab in LABS[1:])]
+GRADED_BATCHES = [*(pytest.param(lab, "batch", id=f"{lab}-batch", marks=pytest.mark.representative)
+                    for lab in LABS),
+                  *(pytest.param(lab, "class", id=lab, marks=pytest.mark.whole_class) for lab in LABS)]
 
 
 @pytest.mark.grading
