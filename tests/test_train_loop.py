@@ -7,7 +7,8 @@ import json
 
 import torch
 
-from specdec_lab.train.loop import lr_at, median_step_seconds, off_schedule, train
+from specdec_lab.train import loop
+from specdec_lab.train.loop import bf16_here, lr_at, median_step_seconds, off_schedule, train, training_forward
 from specdec_lab.train.recipe import RunConfig
 
 
@@ -133,3 +134,17 @@ def test_a_carry_resumes_an_unfinished_run_on_a_new_machine(tmp_path):
     steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
     assert off_schedule(tmp_path / "b" / "log.jsonl", run)["first_step"] == 2  # the re-warm-up is disclosed
+
+
+def test_bf16_autocast_only_where_the_cpu_computes_bf16(monkeypatch):
+    """A recipe's bf16 is honoured on a CPU with bf16 kernels and dropped (fp32 compute) on one without, where
+    torch would emulate every bf16 product; a recipe without bf16 never gets it."""
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    asks = RunConfig(steps=1, bf16=True)
+    monkeypatch.setattr(loop, "cpu_has_bf16", lambda: True)
+    assert bf16_here(asks, "cpu") and not bf16_here(RunConfig(steps=1), "cpu")
+    assert training_forward(layer, asks)(x).dtype == torch.bfloat16
+    monkeypatch.setattr(loop, "cpu_has_bf16", lambda: False)
+    assert not bf16_here(asks, "cpu")
+    assert training_forward(layer, asks)(x).dtype == torch.float32

@@ -32,7 +32,7 @@ from transformers import LlamaForCausalLM
 
 from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, additive_mask
 from specdec_lab.train.lm import fixed_eval_batches
-from specdec_lab.train.loop import hardware, learning_curve, train
+from specdec_lab.train.loop import bf16_here, hardware, learning_curve, train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
 from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
@@ -159,11 +159,12 @@ def train_head(head: EagleHead, target: LlamaForCausalLM, data: TrainingMix, val
     target.eval().requires_grad_(False)
     run = recipe.run
     val = fixed_eval_batches(val_stream, run)
+    bf16 = bf16_here(run, next(target.parameters()).device.type)
 
     def loss_on_batch(step: int) -> torch.Tensor:
         seed = run.seed * 1_000_003 + step
         batch = data.batch(run.batch_size, run.seq_len, seed)
-        per_step = eagle_losses(head, target, batch, recipe.unroll_steps, recipe.feature_noise, seed, run.bf16)
+        per_step = eagle_losses(head, target, batch, recipe.unroll_steps, recipe.feature_noise, seed, bf16)
         total = sum(recipe.reg_weight * r["reg"] + recipe.cls_weight * r["cls"] for r in per_step)
         return total / len(per_step)
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from specdec_lab.train.loop import train, training_forward
+from specdec_lab.train.loop import bf16_here, train, training_forward
 from specdec_lab.train.recipe import ModelShape, RunConfig
 
 if TYPE_CHECKING:
@@ -98,9 +98,10 @@ def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_str
 
 
 def teacher_forward(target: LlamaForCausalLM, run: RunConfig, ids: torch.Tensor, **kwargs):
-    """The frozen target's forward on training windows, under bf16 autocast where `run.bf16` asks (the
-    teacher's forward is most of a draft or head step's cost, and it needs no gradient)."""
-    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=run.bf16):
+    """The frozen target's forward on training windows, under bf16 autocast where `run.bf16` asks and `bf16_here`
+    agrees (the teacher's forward is most of a draft or head step's cost, and it needs no gradient)."""
+    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16,
+                                        enabled=bf16_here(run, ids.device.type)):
         return target(ids, **kwargs)
 
 

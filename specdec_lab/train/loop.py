@@ -61,8 +61,27 @@ def off_schedule(log_path: Path, run: RunConfig) -> dict | None:
             "lr_ratio_max": round(max(ratios[s] for s in off), 3)}
 
 
+def bf16_here(run: RunConfig, device_type: str) -> bool:
+    """Whether `run` trains under bf16 autocast on this machine: where its recipe asks for it and the device has
+    bf16 kernels (a CUDA GPU that supports bf16; a CPU whose oneDNN has them, with AVX-512 BF16 or AMX). On other
+    CPUs torch emulates bf16 matrix products, far slower than fp32 (an AVX2-only AMD EPYC took about 5.5 s per
+    step of the zoo's EAGLE-3 stage under autocast, 1.7 s in fp32), so the run computes in fp32 there; weights
+    and optimizer state are fp32 either way, so a checkpoint resumes on either kind of machine."""
+    if not run.bf16:
+        return False
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and cpu_has_bf16()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU's oneDNN computes bf16 natively (torch asks the CPU for AVX-512 BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def training_forward(module: torch.nn.Module, run: RunConfig) -> Callable:
-    """`module`'s forward as a stage's loss should call it: compiled and under bf16 autocast where `run` asks.
+    """`module`'s forward as a stage's loss should call it: compiled and under bf16 autocast where `run` asks
+    (and `bf16_here` finds the device able).
 
     The module itself stays eager and fp32 (evaluation, generation and export use it as it is); only the
     training loss goes through the returned callable. Logits come back in bf16 under autocast: take the loss
@@ -70,9 +89,10 @@ def training_forward(module: torch.nn.Module, run: RunConfig) -> Callable:
     """
     forward = torch.compile(module) if run.compile else module
     device_type = next(module.parameters()).device.type
+    bf16 = bf16_here(run, device_type)
 
     def call(*args, **kwargs):
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=run.bf16):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
             return forward(*args, **kwargs)
 
     return call

@@ -29,7 +29,7 @@ from transformers import LlamaForCausalLM
 from specdec_lab.drafters.mtp import MTPConfig, MTPHeads, depth_labels
 from specdec_lab.train.eagle import target_view
 from specdec_lab.train.lm import fixed_eval_batches
-from specdec_lab.train.loop import learning_curve, train
+from specdec_lab.train.loop import bf16_here, learning_curve, train
 from specdec_lab.train.recipe import MTPRecipe, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
 from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
@@ -62,10 +62,11 @@ def train_mtp(heads: MTPHeads, target: LlamaForCausalLM, data: TrainingMix, val_
     run = recipe.run
     val = fixed_eval_batches(val_stream, run)
     weights = [recipe.loss_decay**d for d in range(heads.num_modules)]
+    bf16 = bf16_here(run, next(target.parameters()).device.type)
 
     def loss_on_batch(step: int) -> torch.Tensor:
         batch = data.batch(run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
-        per_depth = mtp_losses(heads, target, batch, run.bf16)
+        per_depth = mtp_losses(heads, target, batch, bf16)
         return sum(w * r["ce"] for w, r in zip(weights, per_depth, strict=True)) / sum(weights)
 
     def evaluate() -> dict:

@@ -39,7 +39,8 @@ class RunConfig:
     eval_batches: int = 8
     checkpoint_every: int = 50
     # Mixed precision: the forward and backward passes under bf16 autocast, weights and optimizer state in
-    # fp32 (about 1.8x faster per step on a CPU with AMX; it runs, slower, on any CPU).
+    # fp32 (about 1.8x faster per step on a CPU with AMX). Where the device has no bf16 kernels the run computes in
+    # fp32 instead (train.loop.bf16_here): emulated bf16 is several times slower than fp32.
     bf16: bool = False
     # torch.compile the training forward (inductor): another ~1.3x here, after a compile of a minute or two.
     compile: bool = False
