@@ -336,8 +336,9 @@ def check_served_round_trip(text: str) -> None:
 
     from specdec_lab import vllm
 
-    if vllm.missing():
-        assert vllm.missing() in text, "without vLLM the lesson says what to install"
+    missing = vllm.missing()  # reads vLLM's environment stamp
+    if missing:
+        assert missing in text, "without vLLM the lesson says what to install"
         return
     port = re.search(r"vllm serve on port (\d+) started and answered", text)
     assert port, "lesson 7 starts vllm serve where it is installed"
