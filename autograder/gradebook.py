@@ -23,6 +23,7 @@ import sys
 import tempfile
 import unicodedata
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 AUTOGRADER = Path(__file__).resolve().parent
@@ -55,10 +56,14 @@ def nbgrader_environment() -> dict[str, str]:
     return env
 
 
+# nbgrader's command line, started through this package (see autograder/nbgrader_main.py: 3 s less per start).
+NBGRADER = [sys.executable, "-m", "autograder.nbgrader_main"]
+
+
 def run_nbgrader(course: Path, args: list[str], check: bool = True) -> subprocess.CompletedProcess:
     """Run one nbgrader command in `course`; with `check`, a failure raises GradingError with nbgrader's log."""
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=nbgrader_environment(),
-                          capture_output=True, text=True)
+    done = subprocess.run([*NBGRADER, *args], cwd=course, env=nbgrader_environment(), capture_output=True,
+                          text=True)
     if check and done.returncode != 0:
         raise GradingError(f"nbgrader {' '.join(args)} failed:\n{done.stderr[-4000:]}")
     return done
@@ -119,10 +124,23 @@ def max_score(course: Path, lab: str) -> float:
         return float(gradebook.find_assignment(lab).max_score)
 
 
-def generate_feedback(course: Path, lab: str) -> str:
-    """nbgrader's HTML feedback for every recorded notebook in course/autograded (course: a folder made by
-    `make_course`, lab: its lab id), sanitised as the module docstring says; returns nbgrader's log."""
-    return run_nbgrader(course, ["generate_feedback", lab, "--force"], check=False).stderr
+def generate_feedback(course: Path, lab: str, students: list[str], processes: int = 2) -> str:
+    """nbgrader's HTML feedback for `students`' recorded notebooks in course/autograded (course: a folder made by
+    `make_course`, lab: its lab id), sanitised as the module docstring says; returns nbgrader's log.
+
+    nbgrader renders one notebook at a time (most of a second each for a lab here: nbconvert re-parses every page
+    with BeautifulSoup), so `processes` nbgrader processes share the students out, each told to leave out every
+    other student in course/autograded (student ids hold no commas: see pipeline.safe_id)."""
+    shares = [share for share in (students[i::processes] for i in range(max(processes, 1))) if share]
+    recorded = sorted(p.name for p in (course / "autograded").iterdir()) if (course / "autograded").exists() else []
+
+    def render(share: list[str]) -> str:
+        others = ",".join(student for student in recorded if student not in set(share))
+        return run_nbgrader(course, ["generate_feedback", lab, "--force",
+                                     f"--CourseDirectory.student_id_exclude={others}"], check=False).stderr
+
+    with ThreadPoolExecutor(max_workers=max(len(shares), 1)) as pool:
+        return "\n".join(pool.map(render, shares))
 
 
 # What a rendered markdown cell may hold on a feedback page: the elements nbconvert's markdown renderer makes of

@@ -584,6 +584,7 @@ class Job:
     seed: int
     workdir: Path
     slots: queue.Queue
+    workers: int
 
 
 def check_inputs(lab: str, seed: int, student: str) -> dict[str, dict]:
@@ -766,7 +767,10 @@ def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, force
         folder, skipped = unpack(Path(source), workdir)
         submissions = find_submissions(folder, lab, skipped)
         journal, seed = open_journal(out, lab, seed, force, resume)
-        course = gradebook.make_course(workdir, lab)
+        with ThreadPoolExecutor(max_workers=1) as side:  # nbgrader's generate_assignment is a process of its own:
+            generated = side.submit(gradebook.make_course, workdir, lab)  # run the reference beside it
+            reference(lab)  # once, before the threads start
+            course = generated.result()
         release_nb = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
         points = {assemble.grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in release_nb.cells
                   if assemble.is_test(c)}
@@ -778,8 +782,7 @@ def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, force
         slots: queue.Queue = queue.Queue()
         for slot in range(workers):
             slots.put(slot)
-        job = Job(lab, release_nb, points, manual_points, limits, seed, workdir, slots)
-        reference(lab)  # once, before the threads start
+        job = Job(lab, release_nb, points, manual_points, limits, seed, workdir, slots, workers)
         results, kept = grade_all(job, submissions, journal, workers)
         finish(job, course, results, kept, journal, out)
     return results
@@ -931,7 +934,8 @@ def finish(job: Job, course: Path, results: list[StudentResult], kept: int, jour
             target.parent.mkdir(parents=True)
             nbformat.write(notebook, target)
             shutil.copy(target, staging / "autograded" / f"{result.student}.ipynb")
-    log = gradebook.generate_feedback(course, lab)
+    rendered = [r.student for r in results if (course / "autograded" / r.student).exists()]
+    log = gradebook.generate_feedback(course, lab, rendered, processes=job.workers)
     for result in results:
         feedback = course / "feedback" / result.student / lab / f"{lab}.html"
         if feedback.exists():

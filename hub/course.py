@@ -139,10 +139,10 @@ def server_python(settings: HubSettings) -> Path:
 
 def nbgrader(settings: HubSettings, *args: str) -> str:
     """Run one nbgrader command in the course folder; its log, or CourseError with it."""
-    from autograder.gradebook import nbgrader_environment
+    from autograder.gradebook import NBGRADER, nbgrader_environment
 
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=settings.course_dir,
-                          env=nbgrader_environment(), capture_output=True, text=True)
+    done = subprocess.run([*NBGRADER, *args], cwd=settings.course_dir, env=nbgrader_environment(),
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise CourseError(f"nbgrader {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return done.stderr

@@ -123,7 +123,7 @@ def hostile_feedback(workdir: Path) -> dict[str, Path]:
         target = course / "autograded" / student / LAB / f"{LAB}.ipynb"
         target.parent.mkdir(parents=True)
         nbformat.write(nb, target)
-    log = gradebook.generate_feedback(course, LAB)
+    log = gradebook.generate_feedback(course, LAB, ["hostile", "honest"])  # one nbgrader process each
     pages = {student: course / "feedback" / student / LAB / f"{LAB}.html" for student in ("hostile", "honest")}
     missing = [student for student, page in pages.items() if not page.exists()]
     assert not missing, f"no feedback page for {missing}; nbgrader said:\n{log[-3000:]}"
@@ -235,3 +235,21 @@ def test_a_written_answer_awaiting_a_person_is_said_to_be_not_scored_zero(pages)
                      r"grading\)", hostile), "the total keeps the points still to be graded apart"
     assert "Written response (Score: 0.0 / 2.0)" not in hostile
     assert "Written response (Score: 0.0 / 2.0)" in honest and "needs manual grading" not in honest
+
+
+def test_feedback_processes_render_each_named_student_once_and_no_one_else(tmp_path):
+    """generate_feedback shares the students out among nbgrader processes: every student named gets a page, a
+    recorded student not named gets none (each process leaves the others' shares out)."""
+    course = gradebook.make_course(tmp_path, LAB)
+    release = nbformat.read(course / "release" / LAB / f"{LAB}.ipynb", as_version=4)
+    notebook, scores, _ = graded_notebook(release, [], True, [])
+    students = ["ann", "bo", "cy", "left-out"]
+    gradebook.record(course, LAB, [(student, scores, False) for student in students])
+    for student in students:
+        target = course / "autograded" / student / LAB / f"{LAB}.ipynb"
+        target.parent.mkdir(parents=True)
+        nbformat.write(notebook, target)
+    log = gradebook.generate_feedback(course, LAB, students[:3], processes=2)
+    rendered = sorted(p.name for p in (course / "feedback").iterdir() if (p / LAB / f"{LAB}.html").exists())
+    assert rendered == ["ann", "bo", "cy"], f"pages for {rendered}; nbgrader said:\n{log[-3000:]}"
+    assert log.count("Writing") == 3, "each page is written by one process only"
