@@ -7,6 +7,10 @@ plainly and once with the draft model, interleaved, `repeats` times after a warm
 tokens/s of each, their ratio, and tau. Every sequence generates exactly `max_new_tokens` tokens (EOS is ignored)
 so that all batch sizes do the same work per sequence. At temperature 0 it also counts the sequences whose
 speculative output equals the plain one (fp32 gives all of them; half precision may differ after a near tie).
+
+With `--vllm` the same prompts also go through vLLM (its own environment, `make production`), plain and with the
+zoo draft model, at the same batch sizes: a second table beside ours, one run, with vLLM's speedup over its own
+plain decoding and how many of its greedy outputs equal ours.
 """
 
 from __future__ import annotations
@@ -54,12 +58,13 @@ def bench_prompts(pair: ModelPair, count: int, max_tokens: int = 96) -> list[lis
 
 def measure_batches(pair: ModelPair, batch_sizes: list[int], k: int = 4, max_new_tokens: int = 32,
                     repeats: int = 3, temperature: float = 0.0, prompts: list[list[int]] | None = None,
-                    warmup: int = 1) -> list[BatchPoint]:
+                    warmup: int = 1, plain_outputs: dict[int, list[list[int]]] | None = None) -> list[BatchPoint]:
     """Plain against speculative `generate_batch` at each batch size (see the module docstring).
 
     pair: target and draft; batch_sizes: the B to measure; k: tokens drafted per step; max_new_tokens: tokens per
     sequence; repeats: timed runs per method (medians reported); temperature: 0 = greedy; prompts: the prompts
-    (default: the bench's held-out set); warmup: untimed runs per method before the timed ones.
+    (default: the bench's held-out set); warmup: untimed runs per method before the timed ones; plain_outputs:
+    a dict that receives, per batch size, the last plain run's tokens (to compare another engine's with).
     """
     if pair.draft is None:
         raise ValueError("measure_batches needs a pair with a draft model")
@@ -80,8 +85,47 @@ def measure_batches(pair: ModelPair, batch_sizes: list[int], k: int = 4, max_new
         last = runs["speculative"][-1]
         tau = sum(s.new_tokens for s in last.stats) / sum(s.target_forwards for s in last.stats)
         same = sum(a == b for a, b in zip(runs["plain"][-1].tokens, last.tokens, strict=True))
+        if plain_outputs is not None:
+            plain_outputs[batch] = runs["plain"][-1].tokens
         points.append(BatchPoint(batch, round(plain, 1), round(speculative, 1), round(speculative / plain, 2),
                                  round(tau, 2), same))
+    return points
+
+
+@dataclass
+class EnginePoint:
+    """Another engine's median figures at one batch size, on the same prompts: plain and draft-model tokens/s,
+    speedup over its own plain decoding, tau, and how many of its plain and its speculative outputs equal ours
+    (plain, greedy; None when sampled)."""
+
+    batch: int
+    plain_tokens_per_second: float
+    speculative_tokens_per_second: float
+    speedup: float
+    tau: float
+    plain_same_as_ours: int | None
+    speculative_same_as_ours: int | None
+
+
+def vllm_points(prompts: list[list[int]], batch_sizes: list[int], ours: dict[int, list[list[int]]], k: int = 4,
+                max_new_tokens: int = 32, repeats: int = 3, temperature: float = 0.0,
+                threads: int = 2) -> list[EnginePoint]:
+    """vLLM's plain and draft-model decoding of the same prompts at each batch size (one engine each, loaded
+    once); ours: our plain outputs per batch size (measure_batches' plain_outputs), compared when greedy."""
+    from specdec_lab import vllm
+
+    plain, speculative = (vllm.run_batches(method, batch_sizes, max_new_tokens, k, threads, temperature, repeats,
+                                           prompts)["points"] for method in ("plain", "draft"))
+    points = []
+    for mine, drafted in zip(plain, speculative, strict=True):
+        batch = mine["batch"]
+
+        def same(outputs: list[list[int]], batch: int = batch) -> int | None:
+            return sum(a == b for a, b in zip(ours[batch], outputs, strict=True)) if temperature == 0 else None
+
+        points.append(EnginePoint(batch, mine["tokens_per_second"], drafted["tokens_per_second"],
+                                  round(drafted["tokens_per_second"] / mine["tokens_per_second"], 2),
+                                  round(drafted["tau"], 2), same(mine["outputs"]), same(drafted["outputs"])))
     return points
 
 
@@ -126,6 +170,20 @@ def format_table(points: list[BatchPoint]) -> str:
     return "\n".join(lines)
 
 
+def format_engine_table(name: str, points: list[EnginePoint]) -> str:
+    """Another engine's points as a markdown table (its speedup is over its own plain decoding)."""
+    def shown(same: int | None, batch: int) -> str:
+        return "-" if same is None else f"{same}/{batch}"
+
+    lines = [f"| batch | {name} plain tokens/s | {name} draft tokens/s | speedup | tau | plain = ours | draft = ours |",
+             "|---|---|---|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| {p.batch} | {p.plain_tokens_per_second} | {p.speculative_tokens_per_second} | "
+                     f"{p.speedup:.2f}x | {p.tau:.2f} | {shown(p.plain_same_as_ours, p.batch)} | "
+                     f"{shown(p.speculative_same_as_ours, p.batch)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes (default: 1,8,32)")
@@ -138,22 +196,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default: fp16 on cuda, fp32 on cpu)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--vllm", action="store_true", help="also run vLLM on the same prompts (make production)")
     args = parser.parse_args(argv)
+    if args.vllm:
+        from specdec_lab import vllm
+
+        if vllm.missing():
+            parser.error(f"--vllm: {vllm.missing()}")
     torch.set_num_threads(args.threads)
     pair = load_pair(device=args.device, dtype=args.dtype)
     device = next(pair.target.parameters()).device
-    points = measure_batches(pair, [int(b) for b in args.batches.split(",")], args.k, args.max_new_tokens,
-                             args.repeats, args.temperature, warmup=args.warmup)
+    batch_sizes = [int(b) for b in args.batches.split(",")]
+    prompts, ours = bench_prompts(pair, max(batch_sizes)), {}
+    points = measure_batches(pair, batch_sizes, args.k, args.max_new_tokens, args.repeats, args.temperature,
+                             prompts, warmup=args.warmup, plain_outputs=ours)
     print(f"generate_batch, zoo pair on {device} ({next(pair.target.parameters()).dtype}), k = {args.k}, "
           f"{args.max_new_tokens} new tokens per sequence, temperature {args.temperature}, median of {args.repeats}")
     print(format_table(points))
+    engine_points = []
+    if args.vllm:
+        engine_points = vllm_points(prompts, batch_sizes, ours, args.k, args.max_new_tokens, args.repeats,
+                                    args.temperature, args.threads)
+        print(f"\nvLLM on the same prompts ({args.threads} threads, fp32; speedup over its own plain decoding):")
+        print(format_engine_table("vLLM", engine_points))
     costs = [verify_cost(pair.target, batch, args.k) for batch in sorted({points[0].batch, points[-1].batch})]
     for cost in costs:
         print(f"batch {cost['batch']}: one target forward over 1 token per sequence {cost['one_token_ms']} ms, over "
               f"k + 1 = {args.k + 1} tokens {cost['k_plus_1_tokens_ms']} ms ({cost['ratio']}x)")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"points": [asdict(p) for p in points], "verify_cost": costs}, handle, indent=1)
+            json.dump({"points": [asdict(p) for p in points], "verify_cost": costs,
+                       "vllm": [asdict(p) for p in engine_points]}, handle, indent=1)
     return 0
 
 

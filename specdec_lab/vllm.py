@@ -421,8 +421,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {result}")
         else:
             batches = [int(b) for b in args.batches.split(",")]
-            print(json.dumps(run_batches(args.method, batches, args.max_new_tokens, args.k, args.threads,
-                                         args.temperature, args.repeats), indent=1))
+            result = run_batches(args.method, batches, args.max_new_tokens, args.k, args.threads, args.temperature,
+                                 args.repeats)
+            for point in result["points"]:
+                del point["outputs"]
+            print(json.dumps(result, indent=1))
     except (EngineUnavailable, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -430,30 +433,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_batches(method: str, batches: list[int], max_new_tokens: int = 64, k: int = 4, threads: int = 2,
-                temperature: float = 0.0, repeats: int = 3) -> dict:
-    """Held-out prompts through one vLLM engine at each batch size: median tokens/s, tau and acceptance.
+                temperature: float = 0.0, repeats: int = 3, prompts: list[list[int]] | None = None) -> dict:
+    """Held-out prompts through one vLLM engine at each batch size: median tokens/s, tau and acceptance, and
+    the last run's outputs.
 
-    batches: batch sizes B (the first B held-out prompts of the bench's set); each is warmed up once, then
-    run `repeats` times; every sequence emits exactly `max_new_tokens` tokens.
+    batches: batch sizes B (the first B prompts); each is warmed up once, then run `repeats` times; every
+    sequence emits exactly `max_new_tokens` tokens; prompts: token ids (default: the bench's held-out set).
     """
     import statistics
 
-    from transformers import AutoTokenizer
+    if prompts is None:
+        from transformers import AutoTokenizer
 
-    from specdec_lab.bench_prompts import corpus_prompts
-    from specdec_lab.models import zoo_path
+        from specdec_lab.bench_prompts import corpus_prompts
+        from specdec_lab.models import zoo_path
 
-    tokenizer = AutoTokenizer.from_pretrained(zoo_path() / "tokenizer")
-    ids = [p.ids for p in corpus_prompts("heldout", tokenizer, max(batches), 200)]
+        tokenizer = AutoTokenizer.from_pretrained(zoo_path() / "tokenizer")
+        prompts = [p.ids for p in corpus_prompts("heldout", tokenizer, max(batches), 200)]
+    if len(prompts) < max(batches):
+        raise ValueError(f"{len(prompts)} prompts cannot fill a batch of {max(batches)}")
     points = []
     with zoo_engine(method, k=k, threads=threads, max_num_seqs=max(batches)) as engine:
         for batch in batches:
-            engine.generate(ids[:batch], 8, temperature)
-            runs = [engine.generate(ids[:batch], max_new_tokens, temperature, seed=r) for r in range(repeats)]
+            engine.generate(prompts[:batch], 8, temperature)
+            runs = [engine.generate(prompts[:batch], max_new_tokens, temperature, seed=r) for r in range(repeats)]
             points.append({"batch": batch,
                            "tokens_per_second": round(statistics.median(r.new_tokens / r.seconds for r in runs), 1),
                            "tau": round(statistics.median(r.tau for r in runs), 3),
-                           "acceptance": round(statistics.median(r.acceptance for r in runs), 3)})
+                           "acceptance": round(statistics.median(r.acceptance for r in runs), 3),
+                           "outputs": runs[-1].outputs})
         return {"method": method, "vllm": engine.version, "load_seconds": engine.load_seconds, "k": k,
                 "threads": threads, "temperature": temperature, "max_new_tokens": max_new_tokens,
                 "points": points}

@@ -204,6 +204,35 @@ def test_measure_batches_reports_both_methods_and_their_agreement(tiny_target, c
         measure_batches(ModelPair(tiny_target, None, None), [1])
 
 
+def test_vllms_rows_come_from_its_runs_on_our_prompts_and_count_its_outputs_equal_to_ours(monkeypatch):
+    """vllm_points asks vLLM for plain and draft-model runs on exactly the prompts and batch sizes given, takes
+    the speedup over vLLM's own plain run, and counts (greedy only) the sequences equal to our plain outputs."""
+    from specdec_lab import vllm
+    from specdec_lab.batch_bench import format_engine_table, vllm_points
+
+    prompts = [[1, 2], [3, 4], [5, 6]]
+    ours = {1: [[7, 7]], 3: [[7, 7], [8, 8], [9, 9]]}
+    asked = []
+
+    def fake_run_batches(method, batches, max_new_tokens, k, threads, temperature, repeats, given):
+        asked.append((method, batches, given))
+        rate, tau = (100.0, 1.0) if method == "plain" else (150.0, 2.5)
+        wrong = [0, 0] if method == "draft" else [5, 5]  # draft differs on the second sequence, plain on the third
+        outputs = {1: [[7, 7]], 3: [[7, 7], wrong if method == "draft" else [8, 8],
+                                    [9, 9] if method == "draft" else wrong]}
+        return {"points": [{"batch": b, "tokens_per_second": rate * b, "tau": tau, "outputs": outputs[b]}
+                           for b in batches]}
+
+    monkeypatch.setattr(vllm, "run_batches", fake_run_batches)
+    points = vllm_points(prompts, [1, 3], ours, k=4, max_new_tokens=2, repeats=1)
+    assert asked == [("plain", [1, 3], prompts), ("draft", [1, 3], prompts)]
+    assert [(p.batch, p.speedup, p.tau) for p in points] == [(1, 1.5, 2.5), (3, 1.5, 2.5)]
+    assert [(p.plain_same_as_ours, p.speculative_same_as_ours) for p in points] == [(1, 1), (2, 2)]
+    assert format_engine_table("vLLM", points).splitlines()[3] == "| 3 | 300.0 | 450.0 | 1.50x | 2.50 | 2/3 | 2/3 |"
+    sampled = vllm_points(prompts, [1], ours, temperature=1.0)
+    assert sampled[0].plain_same_as_ours is None and format_engine_table("vLLM", sampled).endswith("| - | - |")
+
+
 def test_verify_cost_times_both_forwards_and_restores_the_cache(tiny_target):
     from specdec_lab.batch_bench import verify_cost
 
