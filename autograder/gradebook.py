@@ -135,7 +135,8 @@ def generate_feedback(course: Path, lab: str, students: list[str], processes: in
     recorded = sorted(p.name for p in (course / "autograded").iterdir()) if (course / "autograded").exists() else []
 
     def render(share: list[str]) -> str:
-        others = ",".join(student for student in recorded if student not in set(share))
+        mine = set(share)
+        others = ",".join(student for student in recorded if student not in mine)
         return run_nbgrader(course, ["generate_feedback", lab, "--force",
                                      f"--CourseDirectory.student_id_exclude={others}"], check=False).stderr
 

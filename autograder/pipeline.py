@@ -783,7 +783,7 @@ def grade(lab: str, source: Path, out: Path, limits: Limits | None = None, force
         for slot in range(workers):
             slots.put(slot)
         job = Job(lab, release_nb, points, manual_points, limits, seed, workdir, slots, workers)
-        results, kept = grade_all(job, submissions, journal, workers)
+        results, kept = grade_all(job, submissions, journal)
         finish(job, course, results, kept, journal, out)
     return results
 
@@ -894,8 +894,7 @@ def grade_and_record(job: Job, sub: Submission, print_: str, journal: Path) -> S
     return result
 
 
-def grade_all(job: Job, submissions: list[Submission], journal: Path, workers: int
-              ) -> tuple[list[StudentResult], int]:
+def grade_all(job: Job, submissions: list[Submission], journal: Path) -> tuple[list[StudentResult], int]:
     """The results of all `submissions` in order, and how many were kept from the journal (a student whose file
     and intake notes are unchanged is not graded again); the rest are graded `workers` at a time."""
     kept, results, todo = journaled(journal), {}, []
@@ -906,7 +905,7 @@ def grade_all(job: Job, submissions: list[Submission], journal: Path, workers: i
         else:
             todo.append((sub, print_))
     reused = len(results)
-    pool = ThreadPoolExecutor(max_workers=workers)
+    pool = ThreadPoolExecutor(max_workers=job.workers)
     try:
         futures = {sub.student: pool.submit(grade_and_record, job, sub, print_, journal) for sub, print_ in todo}
         for student, future in futures.items():

@@ -84,12 +84,17 @@ def measure_batches(pair: ModelPair, batch_sizes: list[int], k: int = 4, max_new
         speculative = statistics.median(o.tokens_per_second for o in runs["speculative"])
         last = runs["speculative"][-1]
         tau = sum(s.new_tokens for s in last.stats) / sum(s.target_forwards for s in last.stats)
-        same = sum(a == b for a, b in zip(runs["plain"][-1].tokens, last.tokens, strict=True))
+        same = matching(runs["plain"][-1].tokens, last.tokens)
         if plain_outputs is not None:
             plain_outputs[batch] = runs["plain"][-1].tokens
         points.append(BatchPoint(batch, round(plain, 1), round(speculative, 1), round(speculative / plain, 2),
                                  round(tau, 2), same))
     return points
+
+
+def matching(ours: list[list[int]], theirs: list[list[int]]) -> int:
+    """How many sequences are equal token for token (the two lists in the same prompt order)."""
+    return sum(a == b for a, b in zip(ours, theirs, strict=True))
 
 
 @dataclass
@@ -118,14 +123,11 @@ def vllm_points(prompts: list[list[int]], batch_sizes: list[int], ours: dict[int
                                            prompts)["points"] for method in ("plain", "draft"))
     points = []
     for mine, drafted in zip(plain, speculative, strict=True):
-        batch = mine["batch"]
-
-        def same(outputs: list[list[int]], batch: int = batch) -> int | None:
-            return sum(a == b for a, b in zip(ours[batch], outputs, strict=True)) if temperature == 0 else None
-
+        batch, greedy = mine["batch"], temperature == 0
         points.append(EnginePoint(batch, mine["tokens_per_second"], drafted["tokens_per_second"],
                                   round(drafted["tokens_per_second"] / mine["tokens_per_second"], 2),
-                                  round(drafted["tau"], 2), same(mine["outputs"]), same(drafted["outputs"])))
+                                  round(drafted["tau"], 2), matching(ours[batch], mine["outputs"]) if greedy else None,
+                                  matching(ours[batch], drafted["outputs"]) if greedy else None))
     return points
 
 
@@ -201,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm:
         from specdec_lab import vllm
 
-        if vllm.missing():
-            parser.error(f"--vllm: {vllm.missing()}")
+        if reason := vllm.missing():
+            parser.error(f"--vllm: {reason}")
     torch.set_num_threads(args.threads)
     pair = load_pair(device=args.device, dtype=args.dtype)
     device = next(pair.target.parameters()).device
