@@ -152,7 +152,8 @@ def scaling_curve(results: dict) -> str:
     lines = ["### EAGLE-1 and EAGLE-3 against training tokens\n\nAgreement of each head's top token with the "
              "target's at unroll depths " + ", ".join(map(str, depths)) + " (the head fed its own features "
              "after depth 1, as when drafting), on the validation windows, at each evaluation of its run. "
-             "Points are evaluations of one cosine-scheduled run, not separately tuned budgets.\n",
+             "Points are evaluations of one cosine-scheduled run per head (each run's learning rate decays over "
+             "its own length), not separately tuned budgets; both heads are evaluated on the same windows.\n",
              "| head | training tokens | " + " | ".join(f"depth {d}" for d in depths) + " |",
              "|---" * (len(depths) + 2) + "|"]
     for name in heads:
