@@ -110,8 +110,10 @@ def time_methods(context: BenchContext, runners: dict[str, Runner], prompts: lis
             # A compiled forward compiles once per shape, and the prompts' lengths pick the static cache's size:
             # warm compiled runners up on every prompt.
             compiled = config.compile or name.endswith("-compiled")
+            started = time.perf_counter()
             for prompt in prompts if compiled else prompts[:1]:
                 run(prompt.ids, config.seed)
+            records[name].warmup_seconds += time.perf_counter() - started
     for repeat in range(config.repeats):
         for record in records.values():
             record.seconds.append([0.0] * len(prompts))

@@ -29,6 +29,7 @@ class MethodRecord:
     method: Method
     results: list[RunResult | None]
     seconds: list[list[float]] = field(default_factory=list)  # [repeat][prompt]
+    warmup_seconds: float = 0.0  # the untimed passes before the timed ones: where a compiled row compiles
 
 
 def summarise(record: MethodRecord, baseline: MethodRecord, reference: MethodRecord | None, config: BenchConfig,
@@ -132,7 +133,8 @@ def summarise_set(records: dict[str, MethodRecord], prompts: list[Prompt], confi
         reference = records.get(OWN_AUTOREGRESSIVE.get(record.method.family, "plain"))
         rows[name] = summarise(record, records[baseline], reference, config, costs)
     return {"prompts": len(prompts), "prompt_sources": [p.source for p in prompts],
-            "mean_prompt_tokens": round(statistics.mean(len(p.ids) for p in prompts), 1), "methods": rows}
+            "mean_prompt_tokens": round(statistics.mean(len(p.ids) for p in prompts), 1), "methods": rows,
+            "warmup_seconds": {name: round(record.warmup_seconds, 1) for name, record in records.items()}}
 
 
 def settings_dict(config: BenchConfig) -> dict:

@@ -116,6 +116,19 @@ def markdown_table(result: dict, kind: str) -> str:
     return "\n".join(rows)
 
 
+def compile_warmups(result: dict, kind: str) -> str:
+    """How long each compiled row's untimed warm-up took on one prompt set (its compiles, plus one pass over
+    the prompts); '' when nothing was compiled. The first set pays the compiles, a later set only new shapes."""
+    compiled_everything = result["settings"].get("compile")
+    warmups = {name: seconds for name, seconds in result["sets"][kind].get("warmup_seconds", {}).items()
+               if name.endswith("-compiled") or (compiled_everything and result["sets"][kind]["methods"][name]
+                                                 .get("family", "ours") == "ours")}
+    if not warmups:
+        return ""
+    return ("warm-up before timing (compiling, then one pass over the prompts): "
+            + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in warmups.items()))
+
+
 def markdown_report(result: dict) -> str:
     """The whole benchmark as Markdown (for READMEs): what ran on what, then a table per prompt set, each
     headed by its prompt count, mean prompt length and the run's date."""
@@ -123,6 +136,9 @@ def markdown_report(result: dict) -> str:
     for kind, block in result["sets"].items():
         lines += ["", f"**{kind} prompts** ({block['prompts']} prompts, mean {block['mean_prompt_tokens']:g} prompt "
                       f"tokens, {result['machine']['date_utc']})", "", markdown_table(result, kind)]
+        compiling = compile_warmups(result, kind)
+        if compiling:
+            lines += ["", compiling]
     lines += [f"\nskipped {name}: {reason}" for name, reason in result.get("skipped", {}).items()]
     return "\n".join(lines) + "\n"
 

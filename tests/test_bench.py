@@ -86,6 +86,9 @@ def test_bench_end_to_end_json_has_every_field_for_every_method(saved_pair, tmp_
         for name, row in block["methods"].items():
             assert f"| {name} | {row['tokens_per_second']:.1f} | {row['speedup']:.2f}x |" in markdown
     assert sorted(p.name for p in out.iterdir()) == ["bench.html", "bench.json", "bench.md"]  # no temporary files
+    for block in result["sets"].values():  # every row's untimed warm-up is kept; with nothing compiled, not shown
+        assert set(block["warmup_seconds"]) == set(block["methods"]) and min(block["warmup_seconds"].values()) >= 0
+    assert "warm-up before timing" not in markdown
     printed = capsys.readouterr().out
     assert "hf-assisted" in printed and "meas/pred" in printed
 
@@ -201,6 +204,9 @@ def test_hf_generate_compiled_baseline_matches_the_eager_baseline(saved_pair, tm
     result, _ = run_cli(saved_pair, tmp_path, "--methods", "plain,hf-generate-compiled", "--sets", "heldout")
     row = result["sets"]["heldout"]["methods"]["hf-generate-compiled"]
     assert row["family"] == "hf" and row["outputs_equal_to_baseline"] == result["settings"]["prompts"]
+    warmup = result["sets"]["heldout"]["warmup_seconds"]["hf-generate-compiled"]  # where it compiled
+    assert f"warm-up before timing (compiling, then one pass over the prompts): hf-generate-compiled {warmup:.0f} s" \
+        in (tmp_path / "out" / "bench.md").read_text()
     skipped, _ = run_cli(saved_pair, tmp_path / "again", "--methods", "plain", "--sets", "heldout")
     assert "hf-generate-compiled" not in skipped["sets"]["heldout"]["methods"]
 
