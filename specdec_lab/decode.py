@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +203,17 @@ class Clock:
         return now
 
 
+@contextmanager
+def timed(clock: Clock | None, field_name: str):
+    """Add the wall time of the `with` block to the clock's `field_name` (nothing when there is no clock)."""
+    if clock is None:
+        yield
+        return
+    started = clock.now()
+    yield
+    clock.add(field_name, started)
+
+
 def plan_for(run: RunSetup, drafter: Drafter | None, cache: str | None, compile: bool) -> CachePlan:
     """The cache plan of one run: the kind of cache (None: static when compiling, else `$SPECDEC_CACHE` or
     dynamic), sized to the prompt, the budget and the room one step's draft may take (a bucketed chain for
@@ -214,30 +226,32 @@ def plan_for(run: RunSetup, drafter: Drafter | None, cache: str | None, compile:
     return CachePlan(kind, len(run.prompt) + run.budget + room, compile, mode)
 
 
-def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, keep: int):
+def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, keep: int, clock: Clock | None = None):
     """Run the target on `tokens` after its cache; return (logits of the last `keep` positions, per-layer
-    hidden states of every position or None)."""
-    out = forward(target, cache, tokens, keep=keep, hidden=want_hidden)
+    hidden states of every position or None). clock: where the forward's own time is added up
+    (`forward_seconds`), so that a step's time outside the forward can be told apart; None: not timed."""
+    with timed(clock, "forward_seconds"):
+        out = forward(target, cache, tokens, keep=keep, hidden=want_hidden)
     hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
     return out.logits[0].float(), hidden
 
 
-def prefill(target, state: DecodeState, cache, want_hidden: bool) -> None:
+def prefill(target, state: DecodeState, cache, want_hidden: bool, clock: Clock | None = None) -> None:
     """One forward over the prompt alone: append the target's first token and keep its hidden states."""
     logits, state.hidden_states = target_forward(target, torch.tensor(state.tokens, device=state.device), cache,
-                                                 want_hidden, keep=1)
+                                                 want_hidden, keep=1, clock=clock)
     state.tokens.append(choose_next(logits[-1], state.sampling, state.generator))
 
 
-def chain_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool):
+def chain_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool, clock: Clock | None = None):
     """Score a chain draft in ONE target forward after the uncached tokens, verify it, roll the cache back.
 
     Returns (logits at the k + 1 verified positions, verdict, emitted tokens, per-layer hidden rows of the
-    last uncached token and the accepted drafts, or None).
+    last uncached token and the accepted drafts, or None). clock: times the forward (`target_forward`).
     """
     pending = len(state.tokens) - cache_length(cache)  # 1, or the whole prompt at a merged prefill
     feed = torch.cat([torch.tensor(state.tokens[-pending:], device=state.device), draft.tokens])
-    logits, hidden = target_forward(target, feed, cache, want_hidden, keep=len(draft) + 1)
+    logits, hidden = target_forward(target, feed, cache, want_hidden, keep=len(draft) + 1, clock=clock)
     verdict = verify_chain(draft, logits, state.sampling, state.generator)
     truncate(cache, len(state.tokens) + verdict.accepted)
     emitted = draft.tokens[: verdict.accepted].tolist() + [verdict.next_token]
@@ -295,10 +309,12 @@ def tree_inputs(tree: DraftTree, draft: Draft, root: int, past: int) -> tuple[to
     return feed, positions, full
 
 
-def tree_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool, max_depth: int):
+def tree_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool, max_depth: int,
+              clock: Clock | None = None):
     """Score a tree draft in ONE target forward, verify it, and keep only the accepted path in the cache.
 
-    max_depth: the most draft tokens this step may emit (the drafter's `max_tokens`). Returns (slot logits
+    max_depth: the most draft tokens this step may emit (the drafter's `max_tokens`); clock: times the
+    forward (see `target_forward`). Returns (slot logits
     (n + 1, V), verdict, emitted tokens, per-layer hidden rows of [root] + accepted path or None, tree depth).
     Sets `state.extra_logits` (logits of the draft's extra rows, or None) and `state.accepted_path`.
     """
@@ -311,7 +327,8 @@ def tree_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool
         raise ValueError("a tree draft needs the target prefilled on the prompt first: a drafter that proposes "
                          "trees must not set drafts_from_prompt")
     feed, positions, visible = tree_inputs(tree, draft, state.tokens[-1], past)
-    out = forward(target, cache, feed, visible, positions, hidden=want_hidden)
+    with timed(clock, "forward_seconds"):
+        out = forward(target, cache, feed, visible, positions, hidden=want_hidden)
     slots = len(tree) + 1
     logits = out.logits[0, :slots].float()
     state.extra_logits = out.logits[0, slots:].float() if draft.extra_tokens is not None else None
@@ -385,7 +402,7 @@ def decode_run(target: torch.nn.Module, run: RunSetup, drafter: Drafter | None, 
     tick = started
     if drafter is not None:
         if not drafter.drafts_from_prompt:
-            prefill(target, state, cache, want_hidden)
+            prefill(target, state, cache, want_hidden, clock)
             stats.target_forwards += 1
             stopped = "eos" if state.tokens[-1] == eos else None
             tick = clock.add("verify_seconds", tick)
@@ -404,11 +421,11 @@ def decode_run(target: torch.nn.Module, run: RunSetup, drafter: Drafter | None, 
         step_started, feeds_prompt = tick, cache_length(cache) == 0  # the prompt rides along with this step
 
         if draft.parents is None:
-            logits, verdict, emitted, hidden = chain_step(target, draft, state, cache, want_hidden)
+            logits, verdict, emitted, hidden = chain_step(target, draft, state, cache, want_hidden, clock)
             stats.record_step(len(draft), verdict.accepted)
         else:
             logits, verdict, emitted, hidden, depth = tree_step(target, draft, state, cache, want_hidden,
-                                                                remaining - 1)
+                                                                remaining - 1, clock)
             # A tree counts as a draft as long as its deepest path: per-position acceptance is per depth.
             stats.record_step(depth, verdict.accepted)
         stats.target_forwards += 1

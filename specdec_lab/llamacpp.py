@@ -3,8 +3,9 @@ own converter, and run its plain, draft-model and prompt-lookup decoding on the 
 
 Nothing here re-implements llama.cpp; it drives llama.cpp's own code. The sources are the `vendor/llama.cpp`
 folder of the `llama-cpp-python` source distribution on PyPI (the only network this needs is the package
-registry). `build()` compiles the CPU library and the two examples the course runs (`llama-speculative-simple`,
-draft-model speculation, and `llama-lookup`, prompt lookup) into a cache outside the repository:
+registry). `build()` compiles the CPU library, the two examples the course runs (`llama-speculative-simple`,
+draft-model speculation, and `llama-lookup`, prompt lookup) and the server (`llama-server`, driven by
+`specdec_lab.llamacpp_server`) into a cache outside the repository:
 `$SPECDEC_LLAMACPP_HOME`, by default `~/.cache/specdec-lab/llama.cpp-<version>`. The Python bindings of the
 same release (its `llama_cpp` package, pure Python over ctypes) load the library that build made, which gives
 token-level access for tokenisation and plain greedy decoding.
@@ -33,8 +34,9 @@ __all__ = ["agreement"]  # shared with the vLLM runner (specdec_lab.engines); ke
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose vendor/llama.cpp we build (llama.cpp at that commit)
 BINARIES = ("llama-speculative-simple", "llama-lookup")
+SERVER = "llama-server"  # the OpenAI-compatible server (`specdec_lab.llamacpp_server`), built beside the examples
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON"]
 
 
 # Preloaded into the examples: llama.cpp logs from a background thread that it never stops (on purpose, see its
@@ -86,6 +88,16 @@ def missing() -> str | None:
     return None
 
 
+def server_missing() -> str | None:
+    """None when llama.cpp's server is built here too, else the reason (a build made before the server was part
+    of it has the examples only: `make production` adds the server to it)."""
+    reason = missing()
+    if reason is None and not (bin_dir() / SERVER).exists():
+        reason = (f"llama.cpp in {home()} was built without {SERVER}: run `make production` (it adds the server to "
+                  "the build, once)")
+    return reason
+
+
 def require() -> None:
     """Raise LlamaCppUnavailable with the reason when llama.cpp is not built."""
     reason = missing()
@@ -128,7 +140,7 @@ def build(jobs: int = 2, log=print) -> float:
     log(f"building llama.cpp into {build_dir} with {jobs} jobs (compiler output: {build_log})")
     with open(build_log, "w") as output:  # the compiler's warnings go to the log, not the terminal
         for step in (["cmake", "-S", str(llama_cpp_dir()), "-B", str(build_dir), *CMAKE_FLAGS],
-                     ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", "llama", *BINARIES]):
+                     ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", "llama", *BINARIES, SERVER]):
             if subprocess.run(step, stdout=output, stderr=subprocess.STDOUT).returncode != 0:
                 raise LlamaCppUnavailable(f"building llama.cpp failed: see {build_log}")
     build_flush_log()
@@ -406,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            if missing() is None:
+            if server_missing() is None:
                 print(f"llama.cpp is already built in {home()}")
                 return 0
             seconds = build(args.jobs)

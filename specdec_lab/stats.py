@@ -23,7 +23,9 @@ class DecodeStats:
     prefill_seconds: the part of verify_seconds spent on the target forward that fed the prompt: its own
     forward before the first draft, or the first step when the prompt rides along with the first verification
     (plain decoding, a draft model); prompt_steps: verification steps that fed the prompt (1 in that second
-    case, else 0), so per-step figures can leave them out.
+    case, else 0), so per-step figures can leave them out; forward_seconds: the part of verify_seconds inside
+    the target's forward calls (the prompt's included), so that verify_seconds - forward_seconds is the loop's
+    own cost around the target (the verification rule, cache moves, Python).
     """
 
     target_forwards: int = 0
@@ -37,6 +39,7 @@ class DecodeStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    forward_seconds: float = 0.0
     prompt_steps: int = 0
     total_seconds: float = 0.0
 
@@ -110,6 +113,7 @@ class DecodeStats:
             "tokens_per_second": round(self.tokens_per_second, 1),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
+            "forward_seconds": round(self.forward_seconds, 4),
             "other_seconds": round(self.other_seconds, 4),
             "total_seconds": round(self.total_seconds, 4),
         }

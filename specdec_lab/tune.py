@@ -14,8 +14,11 @@ that observation; the tuner here does the same with a simple cost model:
   k, and tau(k) for every shorter k follows from how far each step's acceptance reached;
 - the overhead: everything in a step that is neither drafting nor the target forward (the verification rule,
   cache bookkeeping, a tree's mask and the gather of its accepted path), measured for each candidate on its
-  own calibration run (its step time minus the prompt's prefill, the drafting and the curve's forward time).
-  A tree's bookkeeping costs more than a chain's; an overhead shared by all methods would flatter trees.
+  own calibration run: the run's time outside the drafter and outside the target's forward calls, which the
+  loop times as they happen (`DecodeStats.forward_seconds`), per step. Timing the forwards in the run, not
+  subtracting the curve's forward time, keeps the curve's noise (a few percent of a forward, more than the
+  overhead itself) out of it. A tree's bookkeeping costs more than a chain's; an overhead shared by all
+  methods would flatter trees.
 - the tree budgets include the one-branch tree (top_k 1), which `EagleDrafter` drafts and verifies as a chain,
   priced from the chain's own run: where no width pays (a steep CPU curve), the tuned tree is the chain.
 
@@ -232,7 +235,7 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
     from specdec_lab.decode import generate
 
     pooled = {"accepted_per_step": [], "drafted": 0, "draft_seconds": 0.0, "total_seconds": 0.0, "steps": 0,
-              "new_tokens": 0, "forwards": 0, "prefill_seconds": 0.0, "prompt_steps": 0}
+              "new_tokens": 0, "forwards": 0, "prefill_seconds": 0.0, "forward_seconds": 0.0, "prompt_steps": 0}
     for i, ids in enumerate(prompts):
         stats = generate(target, ids, drafter=make_drafter(), max_new_tokens=max_new_tokens,
                          temperature=temperature, seed=seed + i, compile=compile).stats
@@ -241,6 +244,7 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
         pooled["draft_seconds"] += stats.draft_seconds
         pooled["total_seconds"] += stats.total_seconds
         pooled["prefill_seconds"] += stats.prefill_seconds
+        pooled["forward_seconds"] += stats.forward_seconds
         pooled["prompt_steps"] += stats.prompt_steps
         pooled["steps"] += len(stats.accepted_per_step)
         pooled["new_tokens"] += stats.new_tokens
@@ -261,47 +265,43 @@ def one_branch_tree(chain: Candidate, alpha: float | None = None) -> Candidate:
                      chain.overhead_seconds)
 
 
-def step_overhead(run: dict, curve: CostCurve, fed: int, shape: str) -> float:
-    """A calibration run's per-step time outside drafting and the target forward (never below 0).
+def step_overhead(run: dict) -> float:
+    """A calibration run's time per step outside the drafter and outside the target's forward calls.
 
-    run: `run_calibration`'s pooled figures; curve: the device's forward costs; fed / shape: the verifying
-    forward of one step (the curve prices it). The forward that fed the prompt is left out, with the step it
-    rode along with when there was one: a prompt's forward is no step's overhead.
+    run: `run_calibration`'s pooled figures (the forwards timed as they ran, the prompt's included, so
+    every step, the one that fed the prompt too, counts once).
     """
-    steps = max(run["steps"] - run.get("prompt_steps", 0), 1)
-    step = (run["total_seconds"] - run["prefill_seconds"] - run["draft_seconds"]) / steps
-    return max(0.0, step - curve.seconds(fed, shape))
+    outside = run["total_seconds"] - run["draft_seconds"] - run["forward_seconds"]
+    return max(0.0, outside) / max(run["steps"], 1)
 
 
 def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                       curve: CostCurve, tree_grid: dict = TREE_GRID,
+                       tree_grid: dict = TREE_GRID,
                        chain_k: int = CHAIN_K, compile: bool = False) -> tuple[list[Candidate], float, dict]:
     """Measure every candidate of every available method at one temperature.
 
     pair: the `ModelPair` (its draft may be None); head: an `EagleHead` for the target, or None; prompts:
-    calibration token ids; max_new_tokens / temperature: generation settings; curve: the device's forward
-    costs (to separate each run's overhead from its forwards); tree_grid: the EAGLE tree settings to try
-    (total_tokens, depth, top_k); chain_k: the longest chain; compile: compiled forwards. Returns
-    (candidates, the plain decoding seconds per step, notes such as the alpha the sampled trees assumed).
+    calibration token ids; max_new_tokens / temperature: generation settings; tree_grid: the EAGLE tree
+    settings to try (total_tokens, depth, top_k); chain_k: the longest chain; compile: compiled forwards.
+    Returns (candidates, plain decoding's overhead per step, notes such as the alpha the sampled trees
+    assumed).
     """
     from specdec_lab.drafters.draft_model import DraftModelDrafter
     from specdec_lab.drafters.eagle import EagleDrafter
 
     plain = run_calibration(pair.target, prompts, lambda: None, max_new_tokens, temperature, compile=compile)
-    # A plain step after the prompt's forward (which the first step of plain decoding is).
-    plain_step = (plain["total_seconds"] - plain["prefill_seconds"]) / max(plain["forwards"] - plain["prompt_steps"], 1)
     candidates: list[Candidate] = []
     notes: dict = {}
     if pair.draft is not None:
         run = run_calibration(pair.target, prompts, lambda: DraftModelDrafter(pair.draft, k=chain_k), max_new_tokens,
                               temperature, compile=compile)
         candidates += chain_candidates("draft", run["accepted_per_step"], run["drafted"], run["draft_seconds"],
-                                       chain_k, "k", step_overhead(run, curve, chain_k + 1, "chain"))
+                                       chain_k, "k", step_overhead(run))
     if head is not None:
         run = run_calibration(pair.target, prompts, lambda: EagleDrafter(head, mode="chain", depth=chain_k),
                               max_new_tokens, temperature, compile=compile)
         chain = chain_candidates("eagle", run["accepted_per_step"], run["drafted"], run["draft_seconds"], chain_k,
-                                 "depth", step_overhead(run, curve, chain_k + 1, "chain"))
+                                 "depth", step_overhead(run))
         candidates += chain
         # A sampled tree's shape assumes each tried child is accepted with the chain's first-token rate.
         alpha = min(0.95, max(0.05, chain[0].tau - 1))
@@ -318,8 +318,8 @@ def measure_candidates(pair, head, prompts: list[list[int]], max_new_tokens: int
             steps = max(run["steps"], 1)
             tau = 1 + sum(run["accepted_per_step"]) / steps
             candidates.append(Candidate("eagle-tree", settings, tau, run["draft_seconds"] / steps, nodes + 1, "tree",
-                                        step_overhead(run, curve, nodes + 1, "tree")))
-    return candidates, plain_step, notes
+                                        step_overhead(run)))
+    return candidates, step_overhead(plain), notes
 
 
 def tune(pair=None, head=None, prompts: int = 6, max_new_tokens: int = 48, temperatures: Sequence[float] = (0.0, 1.0),
@@ -368,9 +368,8 @@ def tune(pair=None, head=None, prompts: int = 6, max_new_tokens: int = 48, tempe
     for temperature in temperatures:
         key = "greedy" if temperature == 0 else "sampled"
         log(f"calibrating at temperature {temperature} ({len(ids)} training-split prompts x {max_new_tokens} tokens)")
-        candidates, plain_step, notes = measure_candidates(pair, head, ids, max_new_tokens, temperature, curve,
+        candidates, overhead, notes = measure_candidates(pair, head, ids, max_new_tokens, temperature,
                                                            tree_grid, chain_k, compile=compile)
-        overhead = max(0.0, plain_step - curve.seconds(1))
         best = choose(candidates, curve)
         plain_tps = 1 / (curve.seconds(1) + overhead)
         profile["choices"][key] = {

@@ -325,6 +325,7 @@ def test_lesson_runs_headless(path, record_property):
         assert abs(measured - predicted) <= 0.25 * predicted, (predicted, measured)
     if path.stem == "07_in_production":
         check_served_round_trip(text)
+        check_llama_server_round_trip(text)
 
 
 def check_served_round_trip(text: str) -> None:
@@ -348,6 +349,32 @@ def check_served_round_trip(text: str) -> None:
     assert metrics, "lesson 7 reads the server's speculative counters"
     drafts, drafted, accepted, tau = int(metrics[1]), int(metrics[2]), int(metrics[3]), float(metrics[4])
     assert drafts > 0 and 0 < accepted <= drafted == 4 * drafts and tau > 1.2, metrics.group(0)
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", int(port[1]))) != 0, "the server stopped with the call"
+
+
+def check_llama_server_round_trip(text: str) -> None:
+    """Lesson 7's `llama-server` round trip (where `make production` built it) is the suite's test of it: the same
+    checks as vLLM's server (its greedy tokens, its `llamacpp:` counters, its port freed), or, where it is not
+    built, the lesson says what to run."""
+    import socket
+
+    from specdec_lab import llamacpp
+
+    missing = llamacpp.server_missing()
+    if missing:
+        assert missing in text, "without llama-server the lesson says what to build"
+        return
+    port = re.search(r"llama-server on port (\d+) started and answered", text)
+    assert port, "lesson 7 starts llama-server where it is built"
+    agreement = re.findall(r"^llama-server prompt \d+: \d+% of the greedy tokens equal ours \((.*)\)$", text,
+                           flags=re.M)
+    assert agreement and agreement.count("no difference") >= len(agreement) - 1, agreement
+    metrics = re.search(r"llamacpp /metrics: (\d+) drafts, (\d+) drafted tokens, (\d+) accepted -> tau (\d+\.\d+)",
+                        text)
+    assert metrics, "lesson 7 reads llama-server's speculative counters"
+    drafts, drafted, accepted, tau = int(metrics[1]), int(metrics[2]), int(metrics[3]), float(metrics[4])
+    assert drafts > 0 and 0 < accepted <= drafted <= 4 * drafts and tau > 1.2, metrics.group(0)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", int(port[1]))) != 0, "the server stopped with the call"
 

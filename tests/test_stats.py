@@ -93,3 +93,27 @@ def test_the_forward_that_fed_the_prompt_is_timed_as_the_prefill(tiny_target, ti
                      max_new_tokens=12).stats
     assert stats.prompt_steps == 0 and stats.target_forwards == len(stats.accepted_per_step) + 1
     assert 0 < stats.prefill_seconds < stats.verify_seconds
+
+
+def test_the_target_forwards_are_timed_apart_from_the_loop_around_them(tiny_target, tiny_draft, prompts):
+    """forward_seconds holds the target's forward calls (chain, tree and prefill forwards alike), so that
+    verify_seconds - forward_seconds is the loop's own cost: every forward made 20 ms slower must show up there
+    in full, and nowhere outside verify_seconds."""
+    import time
+
+    from specdec_lab import EagleDrafter, EagleHead
+    from specdec_lab.drafters.eagle import EagleConfig
+
+    head = EagleHead(EagleConfig.from_target(tiny_target)).attach(tiny_target).eval()
+    drafters = {"plain": None, "draft": DraftModelDrafter(tiny_draft, k=3),
+                "eagle chain": EagleDrafter(head, mode="chain", depth=2),
+                "eagle tree": EagleDrafter(head, mode="tree", depth=2, top_k=2, total_tokens=4)}
+    slow = tiny_target.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
+    try:
+        for name, drafter in drafters.items():
+            stats = generate(tiny_target, prompts[1], drafter=drafter, max_new_tokens=8).stats
+            assert stats.forward_seconds >= 0.02 * stats.target_forwards, name
+            assert stats.forward_seconds <= stats.verify_seconds, name
+            assert "forward_seconds" in stats.summary()
+    finally:
+        slow.remove()
