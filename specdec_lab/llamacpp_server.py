@@ -46,7 +46,9 @@ class LlamaServer(OpenAIServer):
         super().__init__(command, dict(os.environ), port, timeout)
 
     def request_extras(self) -> dict:
-        return {"return_tokens": True, "verbose": True, "ignore_eos": True}
+        # No `ignore_eos`: llama.cpp's bans the EOS token (the completion then differs from ours where the target
+        # would write it) where vLLM's runs past it; here EOS ends a completion, as it ends ours.
+        return {"return_tokens": True, "verbose": True}
 
     def emitted_tokens(self, reply) -> list[int]:
         native = (reply.model_extra or {}).get("__verbose") or {}

@@ -126,8 +126,8 @@ class OpenAIServer:
 
     def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int = 0
                  ) -> Completion:
-        """One completion through the openai client, the prompt given as token ids; exactly `max_tokens` tokens
-        (EOS ignored, as the bench's rows do)."""
+        """One completion through the openai client, the prompt given as token ids, at most `max_tokens` tokens
+        (whether EOS ends it is the server's `request_extras`)."""
         reply = self.client().completions.create(
             model=SERVED_NAME, prompt=[int(t) for t in prompt_ids], max_tokens=max_tokens, temperature=temperature,
             seed=seed, extra_body=self.request_extras())

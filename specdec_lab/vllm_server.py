@@ -56,7 +56,9 @@ class VllmServer(OpenAIServer):
         super().__init__(command, process_environment(threads), port, timeout)
 
     def request_extras(self) -> dict:
-        return {"return_token_ids": True, "ignore_eos": True}  # vLLM's extensions of the completions request
+        # vLLM's extensions of the completions request: the emitted ids, and exactly max_tokens of them (it runs
+        # past EOS, as the bench's rows do).
+        return {"return_token_ids": True, "ignore_eos": True}
 
     def emitted_tokens(self, reply) -> list[int]:
         return list(getattr(reply.choices[0], "token_ids", None) or [])

@@ -66,6 +66,20 @@ def test_without_a_build_the_rows_say_what_to_run(monkeypatch, tmp_path):
         llamacpp.require()
 
 
+def test_a_build_without_the_server_says_so_and_the_server_refuses_to_start(monkeypatch, tmp_path):
+    # A build made before the server was part of it: the examples, the library and the log flusher, no server.
+    monkeypatch.setenv("SPECDEC_LLAMACPP_HOME", str(tmp_path))
+    llamacpp.bin_dir().mkdir(parents=True)
+    for name in (*llamacpp.BINARIES, "libllama.so", llamacpp.FLUSH_LOG):
+        (llamacpp.bin_dir() / name).touch()
+    assert llamacpp.missing() is None
+    assert "built without llama-server" in llamacpp.server_missing() and "make production" in llamacpp.server_missing()
+    from specdec_lab.llamacpp_server import LlamaServer
+
+    with pytest.raises(llamacpp.LlamaCppUnavailable, match="built without llama-server"):
+        LlamaServer()
+
+
 @pytest.fixture(scope="module")
 def gguf():
     return llamacpp.convert_zoo()
