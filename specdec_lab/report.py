@@ -119,10 +119,9 @@ def markdown_table(result: dict, kind: str) -> str:
 def compile_warmups(result: dict, kind: str) -> str:
     """How long each compiled row's untimed warm-up took on one prompt set (its compiles, plus one pass over
     the prompts); '' when nothing was compiled. The first set pays the compiles, a later set only new shapes."""
-    compiled_everything = result["settings"].get("compile")
-    warmups = {name: seconds for name, seconds in result["sets"][kind].get("warmup_seconds", {}).items()
-               if name.endswith("-compiled") or (compiled_everything and result["sets"][kind]["methods"][name]
-                                                 .get("family", "ours") == "ours")}
+    block, compiled_ours = result["sets"][kind], result["settings"].get("compile")
+    warmups = {name: seconds for name, seconds in block.get("warmup_seconds", {}).items()
+               if name.endswith("-compiled") or (compiled_ours and block["methods"][name]["family"] == "ours")}
     if not warmups:
         return ""
     return ("warm-up before timing (compiling, then one pass over the prompts): "

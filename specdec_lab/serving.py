@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,7 @@ class Completion:
     text: str
 
 
-class OpenAIServer:
+class OpenAIServer(ABC):
     """A server process answering the OpenAI API on 127.0.0.1 (a subclass says how to start it and how to ask it
     for the emitted token ids). Use it as a context manager, or call `close()`.
 
@@ -116,13 +117,14 @@ class OpenAIServer:
             self._client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=300)
         return self._client
 
+    @abstractmethod
     def request_extras(self) -> dict:
-        """Fields beyond the OpenAI API that make the server return the emitted token ids and run to max_tokens."""
-        raise NotImplementedError
+        """Fields beyond the OpenAI API that make the server return the emitted token ids (and say whether EOS
+        ends a completion)."""
 
+    @abstractmethod
     def emitted_tokens(self, reply) -> list[int]:
         """The token ids a completions reply carries (where `request_extras` asked for them)."""
-        raise NotImplementedError
 
     def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int = 0
                  ) -> Completion:

@@ -226,7 +226,7 @@ def compiled_cost_curve(target: torch.nn.Module, prefix: list[int], tokens: Sequ
 
 def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_tokens: int, temperature: float,
                     seed: int = 0, compile: bool = False) -> dict:
-    """Run `make_drafter()` over the calibration prompts; pooled steps, drafting time and wall time.
+    """Run `make_drafter()` over the calibration prompts; pooled steps, drafting, forward and wall time.
 
     target: the model; prompts: token ids; make_drafter: returns a fresh drafter (None: plain decoding);
     max_new_tokens / temperature / seed: the generation settings (prompt i uses seed + i); compile: compiled
@@ -234,8 +234,8 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
     """
     from specdec_lab.decode import generate
 
-    pooled = {"accepted_per_step": [], "drafted": 0, "draft_seconds": 0.0, "total_seconds": 0.0, "steps": 0,
-              "new_tokens": 0, "forwards": 0, "prefill_seconds": 0.0, "forward_seconds": 0.0, "prompt_steps": 0}
+    pooled = {"accepted_per_step": [], "drafted": 0, "draft_seconds": 0.0, "forward_seconds": 0.0,
+              "total_seconds": 0.0, "steps": 0}
     for i, ids in enumerate(prompts):
         stats = generate(target, ids, drafter=make_drafter(), max_new_tokens=max_new_tokens,
                          temperature=temperature, seed=seed + i, compile=compile).stats
@@ -243,12 +243,8 @@ def run_calibration(target, prompts: list[list[int]], make_drafter, max_new_toke
         pooled["drafted"] += stats.drafted
         pooled["draft_seconds"] += stats.draft_seconds
         pooled["total_seconds"] += stats.total_seconds
-        pooled["prefill_seconds"] += stats.prefill_seconds
         pooled["forward_seconds"] += stats.forward_seconds
-        pooled["prompt_steps"] += stats.prompt_steps
         pooled["steps"] += len(stats.accepted_per_step)
-        pooled["new_tokens"] += stats.new_tokens
-        pooled["forwards"] += stats.target_forwards
     return pooled
 
 

@@ -31,6 +31,12 @@ def test_each_server_is_read_under_its_own_prefix():
 class ExitingServer(OpenAIServer):
     name = "test server"
 
+    def request_extras(self) -> dict:
+        return {}
+
+    def emitted_tokens(self, reply) -> list[int]:
+        return []
+
 
 def test_a_server_that_dies_while_starting_is_reported_with_its_log():
     port = free_port()
