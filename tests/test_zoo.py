@@ -58,8 +58,10 @@ def test_sizes_match_the_zoo_contract(pair):
     # cost on a CPU follows the weights streamed, so the draft may hold at most a seventh of the parameters.
     assert draft_params <= target_params / 7
     assert pair.target.config.max_position_embeddings >= 512
+    # The zoo stays small enough to clone with the course: a target, a draft and five sets of heads (Medusa,
+    # EAGLE-1, EAGLE-3, EAGLE-1 in vLLM's layout, MTP), each in fp16.
     shipped = sum(f.stat().st_size for f in ZOO.rglob("*") if f.is_file())
-    assert shipped < 40 * 2**20, f"zoo is {shipped / 2**20:.1f} MiB"
+    assert shipped < 44 * 2**20, f"zoo is {shipped / 2**20:.1f} MiB"
 
 
 def test_tokenizer_round_trips_heldout_files():

@@ -59,6 +59,7 @@ from specdec_lab.tree import sampled_tree_shape
 
 MODES = ("chain", "tree")
 CHILDREN = ("sampled", "top")
+LAYOUTS = ("course", "vllm")
 
 
 @dataclass
@@ -116,20 +117,28 @@ class EagleConfig(LayerShape):
     `hidden_states` tuple (0 = embeddings, target_layers = the final-normed top feature) that the head reads;
     one index is EAGLE-1, several are fused (EAGLE-3 direction); variant: a label for model cards;
     rank_temperature: the tree-ranking temperature fitted for this head on greedy runs over training prompts
-    (`specdec_lab.train.eagle.fit_rank_temperature`; 1.0, EAGLE-2's own ranking, until fitted).
+    (`specdec_lab.train.eagle.fit_rank_temperature`; 1.0, EAGLE-2's own ranking, until fitted); layout:
+    "course" (the course's head, see `EagleHead`) or "vllm" (the paper's head as vLLM loads it).
     """
 
     feature_layers: list[int] = field(default_factory=list)
     variant: str = "eagle1"
     rank_temperature: float = 1.0
+    layout: str = "course"
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"EAGLE head layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.layout == "vllm" and len(self.feature_layers) > 1:
+            raise ValueError("the vllm layout is vLLM's EAGLE-1 head: it reads one feature (the top one)")
 
     @classmethod
     def from_target(cls, target: nn.Module, feature_layers: list[int] | None = None,
-                    variant: str = "eagle1") -> EagleConfig:
+                    variant: str = "eagle1", layout: str = "course") -> EagleConfig:
         """The head config that fits `target` (feature_layers: None = the top feature only)."""
         layers = target.config.num_hidden_layers
         feature_layers = [layers] if feature_layers is None else [i % (layers + 1) for i in feature_layers]
-        return cls(**LayerShape.of_target(target), feature_layers=feature_layers, variant=variant)
+        return cls(**LayerShape.of_target(target), feature_layers=feature_layers, variant=variant, layout=layout)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -150,6 +159,12 @@ class EagleHead(nn.Module):
     target feature they regress onto; a decoder layer alone adds to a residual stream whose scale (std ~25
     in the zoo target, measured) is far from the normed feature's (~1), and its first logits would be wild.
 
+    Layout "vllm" is the paper's head exactly as vLLM runs it (`EagleLlamaForCausalLM` in
+    vllm/model_executor/models/llama_eagle.py): fc without a bias, no RMSNorm before the layer's attention
+    (its input is fc's output, already on the feature's scale) and no closing norm, so the head's raw output
+    is both scored by lm_head and fed back as the next feature. Trained that way from the start, it needs
+    neither; `specdec_lab.vllm` converts such a head into vLLM's checkpoint.
+
     It borrows the target's embedding and lm_head (frozen, never saved with the head): call `attach(target)`
     before use. `forward` returns predicted features; `logits` maps features to token scores.
     """
@@ -164,10 +179,13 @@ class EagleHead(nn.Module):
             raise ValueError("an EAGLE head needs at least one feature layer")
         # EAGLE-3 direction: several layers' features, fused into one by a linear map (identity for EAGLE-1).
         self.fuse = nn.Linear(fused * hidden, hidden, bias=False) if fused > 1 else None
-        self.fc = nn.Linear(2 * hidden, hidden)
+        course = config.layout == "course"
+        self.fc = nn.Linear(2 * hidden, hidden, bias=course)
         self.layer = LlamaDecoderLayer(self.layer_config, layer_idx=0)
+        if not course:
+            self.layer.input_layernorm = nn.Identity()
         self.rotary = LlamaRotaryEmbedding(self.layer_config)
-        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps) if course else nn.Identity()
         self._borrowed: tuple[nn.Module, nn.Module] | None = None  # (embedding, lm_head), not submodules
 
     def attach(self, target: nn.Module) -> EagleHead:
@@ -222,9 +240,12 @@ class EagleHead(nn.Module):
         return new_cache(self.layer_config, allow_static=False)
 
     def init_from_target_layer(self, target: nn.Module, index: int = -1) -> None:
-        """Warm start for training: the decoder layer copies target layer `index`, the norm the final norm."""
-        self.layer.load_state_dict(target.model.layers[index].state_dict())
-        self.norm.load_state_dict(target.model.norm.state_dict())
+        """Warm start for training: the decoder layer copies target layer `index`, the norm the final norm
+        (the norms a "vllm" layout head lacks are left out)."""
+        own = self.layer.state_dict()
+        self.layer.load_state_dict({k: v for k, v in target.model.layers[index].state_dict().items() if k in own})
+        if isinstance(self.norm, LlamaRMSNorm):
+            self.norm.load_state_dict(target.model.norm.state_dict())
 
     def save(self, folder: str | Path) -> None:
         """Write `config.json` and fp16 `model.safetensors` into `folder`."""

@@ -122,10 +122,13 @@ def eagle_summary(name: str, figures: dict) -> str:
         "saturated): this head is under-trained; `specdec train " + name + "` on a free machine trains it fully.")
     depths = sorted(int(k[3:]) for k in figures if k.startswith("acc") and k[3:].isdigit())
     agreement = " / ".join(f"{figures[f'acc{d}']:.2f}" for d in depths)
+    layout = (" In vLLM's layout (the paper's head: no fc bias, no input or closing norm), for vLLM's `eagle` "
+              "method (`python -m specdec_lab.vllm convert`)." if figures.get("layout") == "vllm" else "")
+    data = "" if figures.get("target_outputs", True) else " of the corpus alone"
     return (f"## EAGLE head (`{name}/`)\n\nOne decoder layer over target layers {figures['feature_layers']} "
             f"({figures['parameters'] / 1e6:.2f}M parameters, {figures['unroll_steps']}-step training-time unroll), "
-            f"{figures['tokens_seen'] / 1e3:.0f}k training tokens on {figures['hardware']}. Agreement with the "
-            f"target's top token at unroll depths {'/'.join(map(str, depths))}: {agreement}.{done}")
+            f"{figures['tokens_seen'] / 1e3:.0f}k training tokens{data} on {figures['hardware']}. Agreement with the "
+            f"target's top token at unroll depths {'/'.join(map(str, depths))}: {agreement}.{layout}{done}")
 
 
 def mtp_summary(figures: dict) -> str:
@@ -333,7 +336,7 @@ def write_model_card(zoo_dir: str | Path) -> Path:
             notes.append(off_schedule_note(stage, results[stage]["off_schedule"]))
     if notes:
         lines += ["", "Training notes:", ""] + [f"- {note}" for note in notes]
-    for section in ("medusa", "eagle", "eagle3", "mtp"):
+    for section in ("medusa", "eagle", "eagle3", "eagle-vllm", "mtp"):
         if section in results and "card" in results[section]:
             lines += ["", results[section]["card"]]
         elif section.startswith("eagle") and section in results:

@@ -35,10 +35,17 @@ from specdec_lab.train.lm import fixed_eval_batches
 from specdec_lab.train.loop import bf16_here, hardware, learning_curve, train
 from specdec_lab.train.recipe import RunConfig, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix
-from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
+from specdec_lab.train.zoo import (
+    drop_stage_carry,
+    phase_workdir,
+    record_result,
+    stage_carry,
+    token_streams,
+    training_data,
+)
 
 # Zoo folder and training.json entry of each variant.
-VARIANTS = {"eagle1": "eagle", "eagle3": "eagle3"}
+VARIANTS = {"eagle1": "eagle", "eagle3": "eagle3", "eagle1-vllm": "eagle-vllm"}
 EVAL_STEPS = 4  # both variants are evaluated unrolled this far (depths 1 to 4), so their figures compare
 
 
@@ -49,7 +56,10 @@ class EagleRecipe:
     feature_layers: target hidden-state indices the head reads (None = the top feature only); unroll_steps:
     training-time-test depth S (1 = plain teacher forcing); reg_weight / cls_weight: weights of the feature
     regression and token cross-entropy losses; feature_noise: half-width of the uniform noise added to the
-    input features; init_from_layer: target layer the decoder layer starts from (None = random); run: optimiser.
+    input features; init_from_layer: target layer the decoder layer starts from (None = random); layout: the
+    head's layout (`EagleConfig.layout`: "course", or "vllm" for the paper's head as vLLM loads it);
+    target_outputs: train on the recipe's corpus/target-output mix (False: the corpus alone, which needs no
+    hour of target generation first); run: optimiser.
     """
 
     feature_layers: list[int] | None = None
@@ -58,6 +68,8 @@ class EagleRecipe:
     cls_weight: float = 0.1
     feature_noise: float = 0.1
     init_from_layer: int | None = -1
+    layout: str = "course"
+    target_outputs: bool = True
     run: RunConfig = field(default_factory=lambda: RunConfig(steps=300, batch_size=4, seq_len=256, lr=1e-3,
                                                              warmup_steps=20, eval_every=50, eval_batches=2,
                                                              checkpoint_every=25))
@@ -71,12 +83,14 @@ class EagleRecipe:
 
 
 def default_recipes(target_layers: int) -> dict[str, EagleRecipe]:
-    """EAGLE-1 (top feature, regression + 0.1 token loss) and the EAGLE-3 variant (low/middle/high fused,
-    token loss only, 3-step training-time test), on the same data (same seed, same batch shapes)."""
+    """EAGLE-1 (top feature, regression + 0.1 token loss), the EAGLE-3 variant (low/middle/high fused,
+    token loss only, 3-step training-time test), on the same data (same seed, same batch shapes), and EAGLE-1
+    in vLLM's layout on the corpus alone (the head `specdec_lab.vllm` converts for vLLM)."""
     return {
         "eagle1": EagleRecipe(),
         "eagle3": EagleRecipe(feature_layers=[1, target_layers // 2, target_layers], unroll_steps=3,
                               reg_weight=0.0, cls_weight=1.0, feature_noise=0.0),
+        "eagle1-vllm": EagleRecipe(layout="vllm", target_outputs=False),
     }
 
 
@@ -187,8 +201,9 @@ def eagle_section(recipe_path: Path, target_layers: int) -> dict[str, EagleRecip
     """The recipe's "eagle" section, written with the defaults when missing (re-read just before writing:
     other stages edit the same file)."""
     section = ZooRecipe.load(recipe_path).extra.get("eagle")
-    if section is None:
-        section = {name: asdict(r) for name, r in default_recipes(target_layers).items()}
+    missing = {name: asdict(r) for name, r in default_recipes(target_layers).items() if name not in (section or {})}
+    if missing:  # a variant the recipe predates is written with its defaults, the others kept as they are
+        section = {**(section or {}), **missing}
         fresh = ZooRecipe.load(recipe_path)
         fresh.extra["eagle"] = section
         fresh.save(recipe_path)
@@ -215,8 +230,12 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32).eval()
     recipe = eagle_section(recipe_path, target.config.num_hidden_layers)[variant]
     workdir = Path(workdir) / zoo.name
-    data, val_stream = training_data(zoo, zoo_dir, workdir, target)
-    config = EagleConfig.from_target(target, recipe.feature_layers, variant)
+    if recipe.target_outputs:
+        data, val_stream = training_data(zoo, zoo_dir, workdir, target)
+    else:
+        train_stream, val_stream = token_streams(zoo, zoo_dir, workdir)
+        data = TrainingMix(train_stream)
+    config = EagleConfig.from_target(target, recipe.feature_layers, variant, recipe.layout)
     torch.manual_seed(recipe.run.seed)
     head = EagleHead(config).attach(target)
     if recipe.init_from_layer is not None:
@@ -230,6 +249,7 @@ def run_eagle_stage(variant: str, recipe_path: str | Path, workdir: str | Path,
     head.save(zoo_dir / VARIANTS[variant])
     run = recipe.run
     result.update(parameters=sum(p.numel() for p in head.parameters()), feature_layers=config.feature_layers,
+                  layout=config.layout, target_outputs=recipe.target_outputs,
                   unroll_steps=recipe.unroll_steps, planned_steps=run.steps,
                   tokens_seen=result["steps"] * run.batch_size * run.seq_len,
                   learning_curve=learning_curve(phase_workdir(zoo_dir, workdir, variant) / "log.jsonl", run,

@@ -47,7 +47,7 @@ def carry_folder(zoo_dir: Path, phase: str) -> Path:
 
 # The training phases of each stage, in order (the draft distils in two phases, each with its own checkpoint).
 STAGE_PHASES = {"target": ("target",), "draft": ("draft", "draft-tune"), "medusa": ("medusa",),
-                "eagle": ("eagle1",), "eagle3": ("eagle3",), "mtp": ("mtp",)}
+                "eagle": ("eagle1",), "eagle3": ("eagle3",), "eagle-vllm": ("eagle1-vllm",), "mtp": ("mtp",)}
 
 
 def phase_workdir(zoo_dir: Path, workdir: Path, phase: str) -> Path:
