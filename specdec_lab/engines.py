@@ -24,13 +24,24 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec-lab"))
 
 
-def course_tau(new_tokens: int, accepted: int) -> float:
-    """tau, tokens per target forward, from an engine's counters.
+def engine_forwards(new_tokens: int, accepted: int, drafts: int = 0, sequences: int = 1) -> int:
+    """Target forwards behind an engine's counters, summed over its sequences.
 
-    The prefill emits one token and each verification step its accepted drafts plus one token of the target's
-    own, so the target ran new_tokens - accepted times (at least once). Autoregressive decoding gives 1.0.
+    Each sequence's prefill emits one token and each verification step its accepted drafts plus one token of the
+    target's own, so the target ran new_tokens - accepted times; it also ran once per draft (a verification)
+    and once per sequence (its prefill). Either count alone can fall short: an engine that drafts k tokens at a
+    sequence's last step counts the drafts accepted past the token limit (vLLM does: its output stops at
+    max_tokens, its accepted counter does not), and a step that had no draft (an n-gram miss) is no draft. Both
+    are lower bounds, so the larger is the closer (exact where only one of the two happens). drafts: 0 when the
+    engine does not count them.
     """
-    return new_tokens / max(1, new_tokens - accepted)
+    return max(1, new_tokens - accepted, drafts + sequences if drafts else 0)
+
+
+def course_tau(new_tokens: int, accepted: int, drafts: int = 0, sequences: int = 1) -> float:
+    """tau, tokens per target forward, from an engine's counters (see `engine_forwards`). Autoregressive
+    decoding gives 1.0."""
+    return new_tokens / engine_forwards(new_tokens, accepted, drafts, sequences)
 
 
 def acceptance(drafted: int, accepted: int) -> float:
@@ -39,18 +50,19 @@ def acceptance(drafted: int, accepted: int) -> float:
 
 
 def engine_stats(new_tokens: int, drafted: int = 0, accepted: int = 0, steps: int = 0,
-                 accepted_per_position: Sequence[int] = (), fixed_length: int | None = None):
+                 accepted_per_position: Sequence[int] = (), fixed_length: int | None = None, sequences: int = 1):
     """An engine's counters as our `DecodeStats` (tau and acceptance as the course defines them).
 
     new_tokens: tokens emitted; drafted / accepted: draft tokens proposed and kept; steps: verification steps
     that had a draft; accepted_per_position: how often draft position i (0 = the first drafted token) was kept;
     fixed_length: the draft length when every step drafts exactly that many tokens (then each position was
-    proposed `steps` times; None leaves the per-position proposal counts unknown).
+    proposed `steps` times; None leaves the per-position proposal counts unknown); sequences: how many
+    sequences the counters sum over (each had a prefill).
     """
     from specdec_lab.stats import DecodeStats
 
-    stats = DecodeStats(target_forwards=max(1, new_tokens - accepted), drafted=drafted, accepted=accepted,
-                        new_tokens=new_tokens)
+    stats = DecodeStats(target_forwards=engine_forwards(new_tokens, accepted, steps, sequences), drafted=drafted,
+                        accepted=accepted, new_tokens=new_tokens)
     stats.accepted_at = Counter({i: int(n) for i, n in enumerate(accepted_per_position)})
     if fixed_length is not None and steps:
         stats.drafted_at = Counter({i: steps for i in range(fixed_length)})

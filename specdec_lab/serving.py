@@ -183,5 +183,5 @@ def round_trip(start, prompts: list[list[int]], max_tokens: int = 32) -> dict:
     spec = {key: after[key] - before[key] for key in SPEC_COUNTERS.values()}
     new_tokens = sum(map(len, completions))
     return {"completions": completions, "spec": spec, "load_seconds": round(loaded, 1), "port": port,
-            "tau": round(course_tau(new_tokens, spec["accepted"]), 3),
+            "tau": round(course_tau(new_tokens, spec["accepted"], spec["drafts"], len(prompts)), 3),
             "acceptance": round(acceptance(spec["draft_tokens"], spec["accepted"]), 3)}

@@ -339,7 +339,7 @@ class Generation:
     @property
     def tau(self) -> float:
         """Tokens per target forward, the course's way (summed over the batch's sequences)."""
-        return course_tau(self.new_tokens, self.accepted)
+        return course_tau(self.new_tokens, self.accepted, self.drafts, len(self.outputs))
 
     @property
     def acceptance(self) -> float:
@@ -348,7 +348,7 @@ class Generation:
     def stats(self, fixed_length: int | None = None):
         """The counters as our `DecodeStats` (fixed_length: the draft length, when every step drafts it)."""
         stats = engine_stats(self.new_tokens, self.draft_tokens, self.accepted, self.drafts,
-                             self.accepted_per_position, fixed_length)
+                             self.accepted_per_position, fixed_length, len(self.outputs))
         stats.total_seconds = self.seconds
         return stats
 
@@ -479,7 +479,7 @@ def compare_eagle(prompts: list[list[int]], k: int = 4, max_new_tokens: int = 32
     target = load_model(zoo / "target", device="cpu")[0]
     drafter = EagleDrafter(EagleHead.load(zoo / VLLM_EAGLE, target), mode="chain", depth=k)
     runs = [generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=-1) for ids in prompts]
-    ours_tau = course_tau(sum(len(r.tokens) for r in runs), sum(r.stats.accepted for r in runs))
+    ours_tau = sum(len(r.tokens) for r in runs) / sum(r.stats.target_forwards for r in runs)
     same = sum(r.tokens == t for r, t in zip(runs, theirs.outputs, strict=True))
     drafts = max(theirs.drafts, 1)
     return HeadComparison(k, len(prompts), same, round(ours_tau, 3), round(theirs.tau, 3),

@@ -59,6 +59,13 @@ def test_counters_become_the_courses_tau_acceptance_and_survival():
     plain = vllm.Generation([[1, 2, 3], [4, 5, 6]], 0.1)
     assert plain.tau == 1.0 and plain.acceptance == 0.0 and plain.stats().per_position_acceptance == []
     assert engines.course_tau(64, 41) == pytest.approx(64 / 23)
+    # vLLM drafts k at a sequence's last step too, and counts the drafts kept past max_tokens (measured: 10
+    # prompts x 32 tokens, 122 drafts, 208 accepted, where our engine took the same 122 steps): the target still
+    # ran once per draft and once per prefill, which bounds the forwards from below.
+    overshoot = vllm.Generation([list(range(32))], 0.5, drafts=12, draft_tokens=48, accepted=23)
+    assert overshoot.tau == pytest.approx(32 / 13) == overshoot.stats(fixed_length=4).mean_accepted_tokens
+    # An n-gram miss is a step without a draft: there new_tokens - accepted is the larger, exact bound.
+    assert vllm.Generation([list(range(32))], 0.5, drafts=5, draft_tokens=20, accepted=12).tau == pytest.approx(32 / 20)
 
 
 def tiny_zoo(tmp_path, heads: int = 3):
