@@ -363,7 +363,8 @@ def vllm_methods() -> list[Method]:
         Method("vllm-suffix", "vLLM suffix decoding", "vllm", "lookup", vllm.bench_runner("suffix")),
         Method("vllm-medusa", "vLLM Medusa, the zoo's heads converted (chain of top-1)", "vllm", "chain",
                vllm.bench_runner("medusa")),
-        Method("vllm-eagle", "vLLM EAGLE-1, the zoo's head", "vllm", "chain", vllm.bench_runner("eagle")),
+        Method("vllm-eagle", "vLLM EAGLE-1, the zoo's vLLM-layout head (eagle-vllm/)", "vllm", "chain",
+               vllm.bench_runner("eagle")),
         Method("vllm-eagle3", "vLLM EAGLE-3, the zoo's head", "vllm", "chain", vllm.bench_runner("eagle3")),
     ]
 
