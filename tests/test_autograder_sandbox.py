@@ -181,3 +181,10 @@ def test_without_cgroups_a_watchdog_stops_a_tree_past_its_memory(session):
         watchdog.stop()
     assert watchdog.tripped and notebook.problem is not None
     assert cgroups.processes_of(sandbox.FIRST_UID + 5) == []
+
+
+def test_measuring_the_sandbox_without_bubblewrap_names_what_to_install(monkeypatch):
+    real = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda tool: None if tool == "bwrap" else real(tool))
+    with pytest.raises(sandbox.SandboxUnavailable, match="needs bwrap: install them with `apt-get install bubblewrap"):
+        sandbox.overhead_seconds()

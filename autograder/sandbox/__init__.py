@@ -142,10 +142,12 @@ def command(folder: Path, limits: Limits, slot: int) -> list[str]:
 
 
 def overhead_seconds(repeats: int = 5) -> float:
-    """Median extra seconds that starting Python inside a sandbox costs over starting it directly."""
+    """Median extra seconds that starting Python inside a sandbox costs over starting it directly (raises
+    SandboxUnavailable, naming what is missing, where no sandbox can start)."""
     import statistics
     import tempfile
 
+    available()
     def timed(cmd: list[str]) -> float:
         started = time.monotonic()
         subprocess.run(cmd, check=True, capture_output=True)
