@@ -249,7 +249,7 @@ def eagle_features_as_vllm(state: dict[str, torch.Tensor], config: dict, feature
         return F.rms_norm(x, x.shape[-1:], weight, eps=config["rms_norm_eps"])
 
     def rope(x):  # (heads, T, dim), rotating halves (Llama's convention)
-        angles = positions.float()[:, None] / theta ** (torch.arange(0, dim, 2).float() / dim)
+        angles = positions.float()[:, None] / theta ** (torch.arange(0, dim, 2, device=x.device).float() / dim)
         cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
         first, second = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-second, first], dim=-1) * sin
