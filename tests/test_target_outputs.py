@@ -56,6 +56,10 @@ def test_an_interrupted_generation_resumes_where_it_stopped(saved_models, tmp_pa
             super().__init__()
             self.fail_at = fail_at
 
+        @property
+        def device(self):
+            return target.device
+
         def generate(self, **kwargs):
             calls.append(len(kwargs["input_ids"]))
             if len(calls) == self.fail_at:

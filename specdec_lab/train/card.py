@@ -214,6 +214,13 @@ def phase_acceptance_line(draft: dict) -> list[str]:
             f"({checks['max_new_tokens']} tokens, fp32 weights, measured by the draft stage): {figures}"]
 
 
+def stopped_early_line(draft: dict) -> list[str]:
+    """The card's note on a draft phase stopped by its time cap before its schedule's end."""
+    return [f"- the draft's {'corpus' if s['phase'] == 'draft' else 'mixed'} phase stopped at its time cap after "
+            f"{s['steps']} of the {s['of']} steps its schedule (in the table) plans, its learning rate not yet "
+            "at the schedule's floor; tokens seen count the steps it ran" for s in draft.get("stopped_early", [])]
+
+
 def off_schedule_note(stage: str, off: dict) -> str:
     """The card's warning that a stage's learning-rate schedule changed while it trained (read from its log)."""
     return (f"The {stage}'s learning-rate schedule was changed during training: {off['steps']} steps (steps "
@@ -240,14 +247,39 @@ def draft_runs(recipe: dict) -> str:
 
 
 def target_outputs_line(recipe: dict) -> list[str]:
-    """The card's line on the target-written training text, if the recipe uses it."""
-    settings = recipe.get("target_outputs")
+    """The card's lines on the target-written training text, if the recipe uses it (the draft's second phase
+    may have text of its own, `draft_target_outputs`)."""
+    settings, own = recipe.get("target_outputs"), recipe.get("draft_target_outputs")
     if not settings or not settings["share"] or not recipe.get("draft_tune_run"):
         return []
-    return [f"- Target-written text: the target's greedy {settings['new_tokens']}-token completions of "
-            f"{settings['prompts']} function prompts from the training files. The draft's second phase, the "
-            f"Medusa heads and the EAGLE heads draw {settings['share']:.0%} of each batch from it: they are "
-            "scored on the target's outputs, so they learn from them (sequence-level distillation)."]
+    readers = ("" if own else "The draft's second phase, ") + "the Medusa heads and the EAGLE heads"
+    readers = readers[0].upper() + readers[1:]
+    lines = [f"- Target-written text: the target's greedy {settings['new_tokens']}-token completions of "
+             f"{settings['prompts']} function prompts from the training files. {readers} draw "
+             f"{settings['share']:.0%} of each batch from it: they are scored on the target's outputs, so they "
+             "learn from them (sequence-level distillation)."]
+    if own:
+        lines.append(f"- The draft's second phase draws {own['share']:.0%} of each batch from completions of its own: "
+                     f"the target's greedy {own['new_tokens']}-token completions of {own['prompts']} training-split "
+                     "function prompts.")
+    return lines
+
+
+def candidates_line(draft: dict) -> list[str]:
+    """How the shipped draft was chosen, when several were trained (greedy acceptance on the selection prompts)."""
+    chosen = draft.get("candidates")
+    if not chosen:
+        return []
+    def score(name: str, figure: dict | None) -> str:
+        if figure is None:
+            return f"{name} not scored (its run ended at the deadline)"
+        part = "" if figure["prompts"] == figure["of"] else f" (on the first {figure['prompts']}, the deadline's cut)"
+        return f"{name} {figure['rate']:.3f}{part}"
+
+    scores = ", ".join(score(name, figure) for name, figure in chosen["selection_acceptance"].items())
+    return [f"- the draft is `{chosen['chosen']}`, the best of {len(chosen['selection_acceptance'])} candidates "
+            f"(`scripts/draft_on_gpu.py`) by greedy acceptance at k = 4 on {chosen['selection_prompts']} other "
+            f"held-out prompts, which the figures above do not use: {scores}"]
 
 
 def test_suites_line(corpus: dict) -> list[str]:
@@ -328,6 +360,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"target {ev['target_forward_ms']:.2f} ms, draft {ev['draft_forward_ms']:.2f} ms, "
         f"ratio {ev['forward_cost_ratio']:.1f}x",
         *phase_acceptance_line(dft),
+        *candidates_line(dft),
+        *stopped_early_line(dft),
     ]
     notes = []
     for stage in ("target", "draft"):  # each stage's hand-written notes, then what its log says

@@ -239,7 +239,7 @@ def train(
         state["hardware"] = this_call  # what trained, not what a later call that only re-measures runs on
         state["seconds"] = seconds_before + time.perf_counter() - started
         record = {"step": step + 1, "loss": round(loss.item(), 4), "lr": optimizer.param_groups[0]["lr"],
-                  "seconds": round(state["seconds"], 1)}
+                  "seconds": round(state["seconds"], 3)}  # ms: a GPU step takes a few
         if state["step"] % run.eval_every == 0 or state["step"] == run.steps:
             module.eval()
             with torch.no_grad():

@@ -107,6 +107,8 @@ class ZooRecipe:
     # Second draft phase, on a mix of corpus and target outputs (None: corpus distillation only).
     draft_tune_run: RunConfig | None = None
     target_outputs: TargetOutputs = field(default_factory=TargetOutputs)
+    # The target-written text of the draft's second phase, where it differs from the heads' (None: the same).
+    draft_target_outputs: TargetOutputs | None = None
     # The draft distils the target's distribution divided by this temperature (below 1: sharpened toward the
     # target's top token, which greedy acceptance rewards; 1: plain forward KL).
     draft_teacher_temperature: float = 1.0
@@ -135,6 +137,7 @@ class ZooRecipe:
         for key in ("target_run", "draft_run", "draft_tune_run"):
             if kwargs.get(key) is not None:
                 kwargs[key] = RunConfig(**kwargs[key])
-        if "target_outputs" in kwargs:
-            kwargs["target_outputs"] = TargetOutputs(**kwargs["target_outputs"])
+        for key in ("target_outputs", "draft_target_outputs"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = TargetOutputs(**kwargs[key])
         return cls(**kwargs, extra=extra)

@@ -42,6 +42,7 @@ def complete_prompts(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBas
                       total=done // settings.batch_size + len(batches)):
         batch = tokenizer(prompts[start : start + settings.batch_size], return_tensors="pt", padding=True,
                           truncation=True, max_length=settings.max_prompt_tokens, add_special_tokens=False)
+        batch = batch.to(target.device)  # the prompts go where the target is (a GPU, when it trains there)
         out = target.generate(**batch, max_new_tokens=settings.new_tokens, do_sample=False, pad_token_id=eos)
         for row, mask in zip(out.tolist(), batch["attention_mask"].tolist(), strict=True):
             prompt = row[len(mask) - sum(mask) : len(mask)]  # drop the left padding

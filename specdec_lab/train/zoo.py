@@ -22,7 +22,7 @@ from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
 from specdec_lab.train.loop import hardware, load_best
 from specdec_lab.train.quality import text_quality
-from specdec_lab.train.recipe import ZooRecipe
+from specdec_lab.train.recipe import TargetOutputs, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix, target_output_stream
 from specdec_lab.train.tokenizer import train_tokenizer
 
@@ -150,13 +150,18 @@ def training_data(recipe: ZooRecipe, zoo_dir: Path, workdir: Path,
 
 
 def with_target_outputs(recipe: ZooRecipe, zoo_dir: Path, workdir: Path, target: LlamaForCausalLM,
-                        train_stream: torch.Tensor) -> TrainingMix:
-    """The corpus training stream mixed with the target's completions, as the recipe asks (or alone)."""
-    settings = recipe.target_outputs
+                        train_stream: torch.Tensor, settings: TargetOutputs | None = None) -> TrainingMix:
+    """The corpus training stream mixed with the target's completions, as the recipe asks (or alone).
+
+    settings: which completions and what share of each batch (default: the recipe's `target_outputs`).
+    """
+    settings = settings or recipe.target_outputs
     if settings.prompts == 0 or settings.share == 0:
         return TrainingMix(train_stream)
+    # One cache per settings: the draft's text and the heads' may differ.
+    name = "target_outputs.pt" if settings == recipe.target_outputs else f"target_outputs-{settings.prompts}.pt"
     outputs = target_output_stream(target, zoo_dir / "tokenizer", settings, recipe.val_percent,
-                                   against_target(workdir, zoo_dir) / "target_outputs.pt")
+                                   against_target(workdir, zoo_dir) / name)
     return TrainingMix(train_stream, outputs, settings.share)
 
 
@@ -174,10 +179,17 @@ def heldout_acceptance(target: LlamaForCausalLM, draft: LlamaForCausalLM, tokeni
                        k: int = PHASE_CHECK_K, max_new_tokens: int = PHASE_CHECK_TOKENS) -> float:
     """Greedy acceptance rate of `draft` proposing `k` tokens for `target` on the first `prompts` held-out
     prompts (validation files, never trained on), `max_new_tokens` each."""
+    return acceptance_on(target, draft, tokenizer, heldout_prompts(prompts), k, max_new_tokens)
+
+
+def acceptance_on(target: LlamaForCausalLM, draft: LlamaForCausalLM, tokenizer, texts: list[str],
+                  k: int = PHASE_CHECK_K, max_new_tokens: int = PHASE_CHECK_TOKENS) -> float:
+    """Greedy acceptance rate (accepted / drafted) of `draft` proposing `k` tokens for `target`, over the
+    completions of `texts`, `max_new_tokens` each."""
     import specdec_lab as sd
 
     drafted = accepted = 0
-    for text in heldout_prompts(prompts):
+    for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         stats = sd.generate(target, ids, drafter=sd.DraftModelDrafter(draft, k=k), max_new_tokens=max_new_tokens).stats
         drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
@@ -203,7 +215,7 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
     checks = recipe.phase_check_prompts
     acceptance = {"corpus": heldout_acceptance(target, draft, tokenizer, checks)} if checks else {}
     if recipe.draft_tune_run is not None:
-        mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream)
+        mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream, recipe.draft_target_outputs)
         phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run,
                                   phase_workdir(zoo_dir, workdir, "draft-tune"), max_minutes, sharpen,
                                   stage_carry(zoo_dir, "draft-tune"))
