@@ -268,7 +268,9 @@ def adopt(out: Path, name: str) -> dict:
     draft.load_state_dict(weights["draft-tune"])
     target = LlamaForCausalLM.from_pretrained(str(ZOO / "target"), dtype=torch.float32)
     recipe.draft = ModelShape(**record["shape"])
-    recipe.draft_run, recipe.draft_tune_run = (RunConfig(**record["phases"][p]["run"]) for p in ("draft", "draft-tune"))
+    # As run there, except checkpoints: a run of the recipe on a CPU takes hours and must resume.
+    recipe.draft_run, recipe.draft_tune_run = (replace(RunConfig(**record["phases"][p]["run"]), checkpoint_every=50)
+                                               for p in ("draft", "draft-tune"))
     recipe.draft_teacher_temperature = record["candidate"]["teacher_temperature"]
     recipe.draft_target_outputs = TargetOutputs(**{**record["target_outputs"], "share": record["candidate"]["share"]})
     phases = {}
