@@ -80,6 +80,8 @@ def test_an_interrupted_generation_resumes_where_it_stopped(saved_models, tmp_pa
 
 def test_long_prompts_keep_their_end():
     class Echo(torch.nn.Module):  # stands in for a model: "generates" nothing new, so only the prompt shows
+        device = torch.device("cpu")
+
         def generate(self, input_ids, attention_mask, max_new_tokens, do_sample, pad_token_id):
             return input_ids
 
@@ -102,3 +104,4 @@ def test_the_mix_draws_its_share_of_rows_from_the_target_outputs():
     assert from_outputs.sum() == 2 and not (batch[~from_outputs] >= 5000).any()
     assert torch.equal(batch, mix.batch(8, 16, seed=3)) and not torch.equal(batch, mix.batch(8, 16, seed=4))
     assert (TrainingMix(corpus).batch(8, 16, seed=3) < 1000).all()
+    assert (TrainingMix(corpus, outputs, share=1.0).batch(8, 16, seed=3) >= 5000).all()

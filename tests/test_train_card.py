@@ -56,3 +56,26 @@ def test_a_schedule_changed_mid_run_is_disclosed(tmp_path):
     # It follows the target's own notes, before the draft's.
     assert card.index("Why the target's schedule changed.") < card.index(disclosed) < card.index("A draft note.")
     assert "schedule was changed" not in card_for(tmp_path, lambda record: None)
+
+
+def test_a_draft_trained_on_text_of_its_own_and_chosen_among_candidates_says_so(tmp_path):
+    def chosen_on_a_gpu(record):
+        record["draft"]["candidates"] = {"chosen": "b", "selection_prompts": 100, "selection_acceptance": {
+            "a": None, "b": {"rate": 0.5561, "prompts": 100, "of": 100},
+            "c": {"rate": 0.538, "prompts": 79, "of": 100}}}
+        record["draft"]["stopped_early"] = [{"phase": "draft", "steps": 3241, "of": 3496}]
+
+    recipe = json.loads((zoo_path() / "recipe.json").read_text())
+    recipe["draft_target_outputs"] = {"prompts": 6558, "new_tokens": 128, "max_prompt_tokens": 160,
+                                      "batch_size": 512, "share": 0.5}
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    shutil.copy(zoo_path() / "training.json", tmp_path / "training.json")
+    record = json.loads((tmp_path / "training.json").read_text())
+    chosen_on_a_gpu(record)
+    (tmp_path / "training.json").write_text(json.dumps(record))
+    card = write_model_card(tmp_path).read_text()
+    assert "The Medusa heads and the EAGLE heads draw" in card and "The draft's second phase, the Medusa" not in card
+    assert "completions of its own: the target's greedy 128-token completions of 6558 training-split" in card
+    assert "the draft is `b`, the best of 3 candidates" in card
+    assert "a not scored" in card and "b 0.556" in card and "c 0.538 (on the first 79" in card
+    assert "corpus phase stopped at its time cap after 3241 of the 3496 steps" in card

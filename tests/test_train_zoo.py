@@ -8,6 +8,7 @@ import torch
 from conftest import make_llama
 from transformers import AutoModelForCausalLM
 
+from specdec_lab.train.recipe import TargetOutputs, ZooRecipe
 from specdec_lab.train.zoo import against_target, run_stage
 
 
@@ -113,3 +114,16 @@ def test_a_carry_made_against_another_target_is_not_resumed(tmp_path, tiny_zoo):
     make_llama(vocab_size=4096, hidden_size=32, num_layers=1, seed=1, eos_token_id=0).save_pretrained(
         str(zoo / "target"))
     assert stage_carry(zoo, "draft") is None  # distilled from the old target's weights
+
+
+def test_a_draft_with_target_text_of_its_own_reads_that_text_not_the_heads(tmp_path, tiny_zoo):
+    zoo, runs = tiny_zoo(tmp_path, tune=True)
+    recipe = ZooRecipe.load(zoo / "recipe.json")
+    recipe.draft_target_outputs = TargetOutputs(prompts=6, share=1.0)
+    recipe.save(zoo / "recipe.json")
+    state = against_target(runs / "tiny", zoo)
+    (state / "target_outputs.pt").rename(state / "target_outputs-6.pt")  # the draft's own completions
+    result = run_stage("draft", zoo / "recipe.json", runs)
+    assert result["finished"]
+    assert not (state / "target_outputs.pt").exists(), "the heads' text was neither read nor generated"
+    assert ZooRecipe.load(zoo / "recipe.json").draft_target_outputs == TargetOutputs(prompts=6, share=1.0)

@@ -101,7 +101,9 @@ class TrainingMix:
     def batch(self, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
         """`batch_size` windows of `seq_len + 1` tokens; `share` of the rows from the target's outputs."""
         from_outputs = round(batch_size * self.share) if self.outputs is not None else 0
-        rows = [sample_batch(self.corpus, batch_size - from_outputs, seq_len, seed)]
+        rows = []
+        if from_outputs < batch_size:  # a share of 1.0 reads the target's text only
+            rows.append(sample_batch(self.corpus, batch_size - from_outputs, seq_len, seed))
         if from_outputs:
             rows.append(sample_batch(self.outputs, from_outputs, seq_len, seed + 500_009))
         return torch.cat(rows)
