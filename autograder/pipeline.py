@@ -602,12 +602,26 @@ def judged(check, inputs: dict, answer, ref: dict):
         return judge(check, inputs, answer, ref)
 
 
+# A lab cell tagged so (a locked cell of the release: a demo run of the student's functions, or a visible test
+# that reads one) is not run while grading: the checker's calls measure the same on the trusted side, and the
+# sandbox's run of it would be believed for nothing. Lab 6's demo trainings are most of its notebook's time.
+SKIPPED_TAG = "skip-when-graded"
+SKIPPED_NOTE = ("Not run while grading: the grader calls your functions itself (see the checks' verdicts); "
+                "run this cell in the lab to see its output.\n")
+
+
+def skipped_when_graded(cell) -> bool:
+    return SKIPPED_TAG in cell.get("metadata", {}).get("tags", []) and bool(
+        cell.get("metadata", {}).get("nbgrader", {}).get("locked"))
+
+
 def cell_plan(notebook: nbformat.NotebookNode) -> list[dict]:
     """The code cells the host runs, in order, each with its kind: "setup" for the lab's locked cells before
-    the first answer (whose names the host restores before every call), else "answer", "test" or "other"."""
+    the first answer (whose names the host restores before every call), else "answer", "test" or "other".
+    The lab's cells tagged SKIPPED_TAG are left out."""
     plan, answered = [], False
     for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code":
+        if cell.cell_type != "code" or skipped_when_graded(cell):
             continue
         meta = cell.get("metadata", {}).get("nbgrader", {})
         answered |= bool(meta.get("solution"))
@@ -688,6 +702,9 @@ def grade_one(job: Job, sub: Submission) -> tuple[StudentResult, nbformat.Notebo
                             "processes together)")
     for index, cell_run in run.cells.items():
         notebook.cells[index].outputs = assemble.clean_outputs(cell_run.outputs)
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and skipped_when_graded(cell):
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=SKIPPED_NOTE)]
     for gid, verdict in verdicts.items():
         result.tests[gid] = job.points[gid] if verdict.passed else 0.0
         result.messages[gid] = verdict.message

@@ -260,7 +260,8 @@ def cmd_export(args) -> None:
 
     try:
         export(args.notebook, args.out, target=args.target, draft=args.draft, prompts=args.prompts,
-               max_new_tokens=args.max_new_tokens, repeats=args.repeats, threads=args.threads, force=args.force)
+               max_new_tokens=args.max_new_tokens, repeats=args.repeats, threads=args.threads, force=args.force,
+               vllm=args.vllm)
     except (ExportError, FileNotFoundError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
 
@@ -390,6 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt (default: 32)")
     export.add_argument("--repeats", type=int, default=2, help="timed repeats, medians reported (default: 2)")
     export.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    export.add_argument("--vllm", action="store_true",
+                        help="lab 6: also run the exported EAGLE head in vLLM (needs `make production`)")
     add_model_options(export)
     export.set_defaults(func=cmd_export)
     return parser

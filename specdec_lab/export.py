@@ -216,14 +216,15 @@ class LabBenchmark:
     sentence for the README; methods: (module, config) -> the benchmark methods, named "plain" (the
     baseline every figure is relative to), "reference" (the engine's own implementation) and "yours" (the
     same job done by the student's code); own: instead of `methods`, for a lab that brings its own target
-    (the drafter-training lab): (module, settings) -> the benchmark dict, run on the lab's models.
+    (the drafter-training lab): (module, settings, folder) -> the benchmark dict, run on the lab's models,
+    where `folder` is the artifact being written (for files of the lab's own).
     """
 
     needs: tuple[str, ...]
     subject: str
     what: str
     methods: Callable[[ModuleType, bench.BenchConfig], list[bench.Method]] | None = None
-    own: Callable[[ModuleType, dict], dict] | None = None
+    own: Callable[[ModuleType, dict, Path], dict] | None = None
 
 
 def student_verify_chain(verify: Callable) -> Callable:
@@ -358,10 +359,12 @@ class HeadChainDrafter(Drafter):
         return Draft(torch.tensor(drafted, dtype=torch.long, device=state.device))
 
 
-def lab06_benchmark(module: ModuleType, settings: dict) -> dict:
+def lab06_benchmark(module: ModuleType, settings: dict, folder: Path) -> dict:
     """The drafter-training lab: EAGLE heads trained by the student's `train_eagle` (and `train_eagle3` with
     and without the training-time test) drafting for the lab's own target in `specdec_lab.generate`, greedy,
-    against an untrained head and plain decoding, on held-out sentences of the lab's language."""
+    against an untrained head and plain decoding, on held-out sentences of the lab's language. The trained
+    EAGLE-1 head and the target are also written for vLLM into `folder`/vllm (and run there with
+    settings["vllm"]: see `lab06_vllm`)."""
     torch.manual_seed(0)
     prompts = [s[:6] for s in module.HELDOUT[: settings["prompts"]]]
     k, new_tokens = 4, min(settings["max_new_tokens"], module.target.config.max_position_embeddings - 16)
@@ -391,12 +394,70 @@ def lab06_benchmark(module: ModuleType, settings: dict) -> dict:
         methods[name] = {"outputs_equal_to_baseline": equal, "tau": round(stats.mean_accepted_tokens, 3),
                          "accepted_per_step": round(stats.accepted / max(1, len(stats.accepted_per_step)), 3),
                          "per_position_acceptance": summary["per_position_acceptance"]}
+    in_vllm = lab06_vllm(module, trained, prompts, new_tokens, k, folder / "vllm", settings)
+    if "tau" in in_vllm:
+        in_vllm["ours_tau"] = methods["my trained EAGLE head"]["tau"]
+        in_vllm["outputs_equal_to_ours"] = sum(a == b for a, b in zip(in_vllm.pop("outputs"), plain, strict=True))
     return {"machine": bench.describe_machine(settings["threads"]),
             "settings": {"prompts": len(prompts), "max_new_tokens": new_tokens, "k": k, "temperature": 0,
                          "baseline": "plain greedy decoding of the lab's target"},
             "models": {"target": {"parameters": sum(p.numel() for p in module.target.parameters()),
                                   "what": "the lab's tiny Llama, rebuilt by its setup"}},
-            "methods": methods}
+            "methods": methods, "vllm": in_vllm}
+
+
+def lab_head_in_vllm_layout(head: torch.nn.Module, config) -> dict[str, torch.Tensor]:
+    """Lab 6's EAGLE-1 head as a zoo head in layout "vllm" (the state `vllm.eagle_checkpoint` converts).
+
+    head: the lab's `EagleHead` (fc over [feature ; embedding] without a bias, then an RMSNorm, a SwiGLU MLP
+    and the residual; no attention); config: the lab target's config, whose shape vLLM gives the head's one
+    decoder layer. That layer's attention weights are written as zeros: its output projection is zero, so
+    attention adds exactly nothing at every position and vLLM computes the lab's head.
+    """
+    weights = {name: w.detach().float() for name, w in head.state_dict().items()}
+    expected = {"fc.weight", "norm.weight", "gate.weight", "up.weight", "down.weight"}
+    if set(weights) != expected:
+        raise ExportError(f"the trained EAGLE head has weights {sorted(weights)}; the lab's EAGLE-1 head has "
+                          f"{sorted(expected)} (a fused EAGLE-3 head does not fit vLLM's `eagle` layout)")
+    hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    width = config.hidden_size // heads
+    state = {"fc.weight": weights["fc.weight"],
+             "layer.post_attention_layernorm.weight": weights["norm.weight"],
+             "layer.mlp.gate_proj.weight": weights["gate.weight"],
+             "layer.mlp.up_proj.weight": weights["up.weight"],
+             "layer.mlp.down_proj.weight": weights["down.weight"]}
+    for name, rows, columns in (("q", heads * width, hidden), ("k", kv_heads * width, hidden),
+                                ("v", kv_heads * width, hidden), ("o", hidden, heads * width)):
+        state[f"layer.self_attn.{name}_proj.weight"] = torch.zeros(rows, columns)
+    return state
+
+
+def lab06_vllm(module: ModuleType, head: torch.nn.Module, prompts: list[list[int]], new_tokens: int, k: int,
+               folder: Path, settings: dict) -> dict:
+    """Write the lab's target (`folder`/target) and the student's trained EAGLE-1 head in the checkpoint layout
+    of vLLM's `eagle` method (`folder`/eagle); with settings["vllm"], decode the prompts in vLLM with them
+    (greedy, chains of k, token ids only: the lab has no tokenizer). Returns what was written and, after a run,
+    vLLM's tau and outputs, or why it did not run."""
+    from specdec_lab import vllm
+
+    module.target.save_pretrained(folder / "target")
+    config, state = vllm.eagle_checkpoint(lab_head_in_vllm_layout(head, module.target.config),
+                                          {"layout": "vllm", "hidden_size": module.target.config.hidden_size,
+                                           "feature_layers": [-1]}, module.target.config.to_dict())
+    vllm.write_checkpoint(folder / "eagle", config, state)
+    done: dict = {"target": "vllm/target", "eagle": "vllm/eagle", "k": k}
+    if not settings.get("vllm"):
+        done["not_run"] = "not asked (specdec export --vllm runs it)"
+        return done
+    reason = vllm.missing()
+    if reason:
+        done["not_run"] = reason
+        return done
+    spec = {"method": "eagle", "model": str(folder / "eagle"), "num_speculative_tokens": k}
+    with vllm.VllmEngine(folder / "target", None, spec, threads=settings["threads"], max_num_seqs=len(prompts),
+                         max_model_len=module.target.config.max_position_embeddings) as engine:
+        theirs = engine.generate(prompts, new_tokens)
+    return done | {"version": engine.version, "tau": round(theirs.tau, 3), "outputs": theirs.outputs}
 
 
 def lab06_readme(extracted: Extracted, lab: LabBenchmark, result: dict, command: str) -> str:
@@ -430,12 +491,39 @@ the drafter changes the speed, never the text); tau counts the tokens emitted pe
 
 `benchmark.json` holds the raw numbers.
 
+{lab06_vllm_section(result["vllm"], settings["prompts"])}
+
 ## Reproduce
 
 ```
 {command}
 ```
 """
+
+
+def lab06_vllm_section(in_vllm: dict, prompts: int) -> str:
+    """The README's part on vLLM: where the files are, how to load them, and the run's figures if it ran."""
+    measured = (f"vLLM {in_vllm['version']} ran them on the same prompts (greedy, token ids): tau "
+                f"{in_vllm['tau']:.2f} against {in_vllm['ours_tau']:.2f} in `specdec_lab.generate`; its output "
+                f"equalled plain greedy decoding on {in_vllm['outputs_equal_to_ours']} of {prompts} prompts."
+                if "tau" in in_vllm else f"Not run in vLLM here: {in_vllm['not_run']}.")
+    return f"""## My EAGLE head in vLLM
+
+`vllm/target/` is the lab's target and `vllm/eagle/` my trained EAGLE-1 head in the checkpoint layout of
+vLLM's `eagle` method (`EagleLlamaForCausalLM`: `fc` over [embedding ; feature], one decoder layer whose
+attention weights are zero, since the lab's head has none). Load them with token ids (the lab has no
+tokenizer; vLLM on a CPU needs an attention head width it has kernels for, which is why the lab's target has
+one head of width 32):
+
+```python
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+llm = LLM(model="vllm/target", skip_tokenizer_init=True, dtype="float32", max_model_len=64,
+          speculative_config={{"method": "eagle", "model": "vllm/eagle", "num_speculative_tokens": {in_vllm['k']}}})
+llm.generate([TokensPrompt(prompt_token_ids=[1, 5, 6])], SamplingParams(temperature=0, max_tokens=16, detokenize=False))
+```
+
+{measured}"""
 
 
 class StudentLookupDrafter(PromptLookupDrafter):
@@ -822,11 +910,13 @@ def ready(notebook: str | os.PathLike) -> tuple[Extracted, LabBenchmark]:
 
 def export(notebook: str | os.PathLike, out: str | os.PathLike, pair: ModelPair | None = None,
            target: str | None = None, draft: str | None = None, prompts: int = 5, max_new_tokens: int = 32,
-           repeats: int = 2, threads: int = 2, force: bool = False, log: Callable[[str], None] = print) -> Path:
+           repeats: int = 2, threads: int = 2, force: bool = False, vllm: bool = False,
+           log: Callable[[str], None] = print) -> Path:
     """Build the artifact folder `out` from a completed lab `notebook`; return its path.
 
     pair / target / draft: the models to benchmark on (default: the zoo pair); prompts, max_new_tokens,
-    repeats, threads: benchmark size; force: replace an existing `out`; log: where progress lines go.
+    repeats, threads: benchmark size; force: replace an existing `out`; vllm: also run the exported head in
+    vLLM (the drafter-training lab; needs `make production`); log: where progress lines go.
     Raises ExportError (and writes nothing) when the notebook is unfinished, corrupt or not a lab.
     """
     notebook, out = Path(notebook), Path(out)
@@ -844,11 +934,11 @@ def export(notebook: str | os.PathLike, out: str | os.PathLike, pair: ModelPair 
         torch.set_num_threads(threads)
         settings = dict(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, threads=threads)
         command = (f"specdec export {notebook} --out {out} --prompts {prompts} --max-new-tokens {max_new_tokens} "
-                   f"--repeats {repeats} --threads {threads}")
+                   f"--repeats {repeats} --threads {threads}" + " --vllm" * vllm)
         if lab.own is not None:
             log("training drafters with your code and measuring them in the engine")
             try:
-                result = lab.own(module, settings)
+                result = lab.own(module, settings | {"vllm": vllm}, staging)
             except Exception as error:  # the student's code failed while training or drafting
                 raise ExportError(f"your code failed in the benchmark: {type(error).__name__}: {error}") from None
             report.write_json(result, staging / "benchmark.json")

@@ -356,16 +356,18 @@ class Generation:
 class VllmEngine:
     """One vLLM engine in its own process (vLLM's environment), loaded once, asked on token ids.
 
-    model / tokenizer: Hugging Face folders; speculative_config: vLLM's (see `speculative_config`), None =
-    plain; threads: CPU threads (OMP_NUM_THREADS); max_model_len: longest prompt plus output; seed: the
-    engine's seed; max_num_seqs: the largest batch. Use as a context manager, or call `close()`.
+    model / tokenizer: Hugging Face folders (tokenizer None: token ids only, nothing decoded);
+    speculative_config: vLLM's (see `speculative_config`), None = plain; threads: CPU threads (OMP_NUM_THREADS);
+    max_model_len: longest prompt plus output; seed: the engine's seed; max_num_seqs: the largest batch. Use as
+    a context manager, or call `close()`.
     """
 
-    def __init__(self, model: Path, tokenizer: Path, speculative_config: dict | None = None, threads: int = 2,
+    def __init__(self, model: Path, tokenizer: Path | None, speculative_config: dict | None = None, threads: int = 2,
                  max_model_len: int = 1024, seed: int = 0, max_num_seqs: int = 16, timeout: float = 600):
         require()
-        settings = {"model": str(model), "tokenizer": str(tokenizer), "speculative_config": speculative_config,
-                    "max_model_len": max_model_len, "seed": seed, "max_num_seqs": max_num_seqs}
+        settings = {"model": str(model), "tokenizer": tokenizer and str(tokenizer),
+                    "speculative_config": speculative_config, "max_model_len": max_model_len, "seed": seed,
+                    "max_num_seqs": max_num_seqs}
         environment = process_environment(threads) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(python()), str(WORKER), json.dumps(settings)], stdin=subprocess.PIPE,

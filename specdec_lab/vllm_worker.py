@@ -61,7 +61,10 @@ def main() -> None:
     import vllm
     from vllm.inputs import TokensPrompt
 
-    llm = vllm.LLM(model=settings["model"], tokenizer=settings["tokenizer"], dtype=settings.get("dtype", "float32"),
+    # No tokenizer (a model made of token ids only, as lab 6's): vLLM runs on ids and never decodes text.
+    tokenizer = settings["tokenizer"]
+    llm = vllm.LLM(model=settings["model"], tokenizer=tokenizer, skip_tokenizer_init=tokenizer is None,
+                   dtype=settings.get("dtype", "float32"),
                    max_model_len=settings.get("max_model_len", 1024), seed=settings.get("seed", 0),
                    speculative_config=settings.get("speculative_config"), disable_log_stats=False,
                    max_num_seqs=settings.get("max_num_seqs", 16))
@@ -79,7 +82,8 @@ def main() -> None:
                 params = vllm.SamplingParams(
                     temperature=request.get("temperature", 0.0), top_p=request.get("top_p", 1.0),
                     top_k=request.get("top_k") or 0, seed=request.get("seed", 0),
-                    max_tokens=request["max_tokens"], ignore_eos=request.get("ignore_eos", True))
+                    max_tokens=request["max_tokens"], ignore_eos=request.get("ignore_eos", True),
+                    detokenize=tokenizer is not None)
                 prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
                 before = spec_counters(llm)
                 tick = time.perf_counter()

@@ -162,7 +162,7 @@ def test_weights_of_the_wrong_shape_or_names_fail_with_a_clear_message(lab):
         case["head"]["fc.weight"] = {"tensor": weight.T.tolist(), "shape": [64, 32], "dtype": "torch.float32"}
 
     assert "the weight 'fc.weight' has shape (64, 32), expected (32, 64)" in verdict(transpose)
-    assert "should be named" in verdict(lambda case: case["head"].pop("mlp.2.bias"))
+    assert "should be named" in verdict(lambda case: case["head"].pop("down.weight"))
     huge = {"tensor": [], "shape": [20_000, 20_000], "dtype": "torch.float32"}
     assert "has shape (20000, 20000)" in verdict(lambda case: case["head"].update({"fc.weight": huge}))
     assert "changed the target's weights" in verdict(

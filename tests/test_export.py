@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from specdec_lab import vllm
 from specdec_lab.cli import main
 from specdec_lab.export import ExportError, export, extract, ready
 from specdec_lab.models import zoo_path
@@ -28,6 +29,7 @@ TRAINING_SOLUTION = ROOT / "solutions" / "lab06_train_drafter" / "lab06_train_dr
 LOOKAHEAD_SOLUTION = ROOT / "solutions" / "lab05_lookahead" / "lab05_lookahead.ipynb"
 TREE_SOLUTION = ROOT / "solutions" / "lab03_trees" / "lab03_trees.ipynb"
 EAGLE_SOLUTION = ROOT / "solutions" / "lab04_eagle" / "lab04_eagle.ipynb"
+needs_vllm = pytest.mark.skipif(vllm.missing() is not None, reason=str(vllm.missing()))
 SOLUTION_REGION = re.compile(r"### BEGIN SOLUTION\n.*?### END SOLUTION", re.S)
 
 CORRECT_VERIFY = '''
@@ -142,7 +144,9 @@ def test_exported_training_lab_trains_heads_that_the_engine_accepts(tmp_path):
     (through the thin chain adapter) they reproduce plain greedy decoding and beat an untrained head."""
     out = export(TRAINING_SOLUTION, tmp_path / "artifact", prompts=2, max_new_tokens=12, threads=1,
                  log=lambda line: None)
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "benchmark.json", "lab06_train_drafter.py"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "benchmark.json", "lab06_train_drafter.py", "vllm"]
+    assert sorted(p.name for p in (out / "vllm" / "eagle").iterdir()) == ["config.json", "model.safetensors"]
+    assert "specdec export --vllm" in json.loads((out / "benchmark.json").read_text())["vllm"]["not_run"]
     methods = json.loads((out / "benchmark.json").read_text())["methods"]
     assert all(m["outputs_equal_to_baseline"] == 2 for m in methods.values()), methods
     assert methods["my trained EAGLE head"]["tau"] > methods["untrained head"]["tau"] + 0.5, methods
@@ -152,6 +156,51 @@ def test_exported_training_lab_trains_heads_that_the_engine_accepts(tmp_path):
                                                  torch.tensor([[True, True, True]]))
     assert tokens.tolist() == [5, 6] and inputs.tolist() == [[0.0, 1.0], [2.0, 3.0]]
     assert leftovers(tmp_path) == []
+
+
+def test_a_lab_eagle_head_in_vllm_layout_computes_what_the_lab_head_computes(tmp_path):
+    """Lab 6's head, converted for vLLM's `eagle` method, gives the same next features under vLLM's computation
+    (written from llama_eagle.py: fc over [embedding ; feature], a decoder layer, here with zero attention) as
+    the lab's own forward, at every position of a sequence; a fused EAGLE-3 head is refused with the reason."""
+    from specdec_lab.export import lab_head_in_vllm_layout
+
+    module = import_artifact(export_module_only(tmp_path), "lab06_train_drafter")
+    head = module.EagleHead(seed=3)
+    with torch.no_grad():
+        for w in head.parameters():  # random weights everywhere, the norm's included
+            w.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(w.numel())) * 0.3)
+    config = module.target.config
+    vllm_config, state = vllm.eagle_checkpoint(lab_head_in_vllm_layout(head, config),
+                                               {"layout": "vllm", "hidden_size": config.hidden_size,
+                                                "feature_layers": [-1]}, config.to_dict())
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(7, config.hidden_size, generator=generator)
+    tokens = torch.randint(2, config.vocab_size, (7,), generator=generator)
+    with torch.no_grad():
+        ours = head(features, tokens)
+    theirs = vllm.eagle_features_as_vllm(state, vllm_config, features, module.EMBED[tokens], torch.arange(7))
+    assert torch.allclose(theirs, ours, atol=1e-5), (theirs - ours).abs().max()
+    with pytest.raises(ExportError, match="EAGLE-3"):
+        lab_head_in_vllm_layout(module.EagleHead(inputs=3), config)
+
+
+def export_module_only(folder: Path) -> Path:
+    """The lab 6 solution's extracted module, written into `folder` (no benchmark)."""
+    (folder / "lab06_train_drafter.py").write_text(extract(TRAINING_SOLUTION).source, encoding="utf-8")
+    return folder
+
+
+@needs_vllm
+def test_exported_training_lab_head_runs_in_vllm(tmp_path):
+    """`specdec export --vllm`: vLLM loads the lab's target and the student's trained head from the artifact and
+    decodes with them: greedy output equal to plain decoding, tau within 15% of ours on the same prompts."""
+    out = tmp_path / "artifact"
+    main(["export", str(TRAINING_SOLUTION), "--out", str(out), "--prompts", "3", "--max-new-tokens", "24",
+          "--repeats", "1", "--threads", "2", "--vllm"])
+    in_vllm = json.loads((out / "benchmark.json").read_text())["vllm"]
+    assert in_vllm["outputs_equal_to_ours"] == 3, in_vllm
+    assert in_vllm["ours_tau"] > 2.0 and abs(in_vllm["tau"] / in_vllm["ours_tau"] - 1) <= 0.15, in_vllm
+    assert f"tau {in_vllm['tau']:.2f}" in (out / "README.md").read_text()
 
 
 def test_exported_lookahead_lab_imports_and_runs(model_paths, tmp_path):
