@@ -428,7 +428,7 @@ def lab_head_in_vllm_layout(head: torch.nn.Module, config) -> dict[str, torch.Te
              "layer.mlp.down_proj.weight": weights["down.weight"]}
     for name, rows, columns in (("q", heads * width, hidden), ("k", kv_heads * width, hidden),
                                 ("v", kv_heads * width, hidden), ("o", hidden, heads * width)):
-        state[f"layer.self_attn.{name}_proj.weight"] = torch.zeros(rows, columns)
+        state[f"layer.self_attn.{name}_proj.weight"] = weights["fc.weight"].new_zeros(rows, columns)
     return state
 
 
