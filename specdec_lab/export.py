@@ -394,10 +394,9 @@ def lab06_benchmark(module: ModuleType, settings: dict, folder: Path) -> dict:
         methods[name] = {"outputs_equal_to_baseline": equal, "tau": round(stats.mean_accepted_tokens, 3),
                          "accepted_per_step": round(stats.accepted / max(1, len(stats.accepted_per_step)), 3),
                          "per_position_acceptance": summary["per_position_acceptance"]}
-    in_vllm = lab06_vllm(module, trained, prompts, new_tokens, k, folder / "vllm", settings)
+    in_vllm = lab06_vllm(module, trained, prompts, plain, new_tokens, k, folder / "vllm", settings)
     if "tau" in in_vllm:
         in_vllm["ours_tau"] = methods["my trained EAGLE head"]["tau"]
-        in_vllm["outputs_equal_to_ours"] = sum(a == b for a, b in zip(in_vllm.pop("outputs"), plain, strict=True))
     return {"machine": bench.describe_machine(settings["threads"]),
             "settings": {"prompts": len(prompts), "max_new_tokens": new_tokens, "k": k, "temperature": 0,
                          "baseline": "plain greedy decoding of the lab's target"},
@@ -406,21 +405,24 @@ def lab06_benchmark(module: ModuleType, settings: dict, folder: Path) -> dict:
             "methods": methods, "vllm": in_vllm}
 
 
-def lab_head_in_vllm_layout(head: torch.nn.Module, config) -> dict[str, torch.Tensor]:
-    """Lab 6's EAGLE-1 head as a zoo head in layout "vllm" (the state `vllm.eagle_checkpoint` converts).
+def lab_head_as_vllm_checkpoint(head: torch.nn.Module, config) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Lab 6's EAGLE-1 head as the checkpoint (config.json, state) of vLLM's `EagleLlamaForCausalLM`.
 
     head: the lab's `EagleHead` (fc over [feature ; embedding] without a bias, then an RMSNorm, a SwiGLU MLP
     and the residual; no attention); config: the lab target's config, whose shape vLLM gives the head's one
-    decoder layer. That layer's attention weights are written as zeros: its output projection is zero, so
-    attention adds exactly nothing at every position and vLLM computes the lab's head.
+    decoder layer. The head becomes a zoo head in layout "vllm", converted by `vllm.eagle_checkpoint`; its
+    attention weights are zeros: the output projection is zero, so attention adds exactly nothing at every
+    position and vLLM computes the lab's head.
     """
+    from specdec_lab import vllm
+
     weights = {name: w.detach().float() for name, w in head.state_dict().items()}
     expected = {"fc.weight", "norm.weight", "gate.weight", "up.weight", "down.weight"}
     if set(weights) != expected:
         raise ExportError(f"the trained EAGLE head has weights {sorted(weights)}; the lab's EAGLE-1 head has "
                           f"{sorted(expected)} (a fused EAGLE-3 head does not fit vLLM's `eagle` layout)")
     hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-    width = config.hidden_size // heads
+    width = hidden // heads
     state = {"fc.weight": weights["fc.weight"],
              "layer.post_attention_layernorm.weight": weights["norm.weight"],
              "layer.mlp.gate_proj.weight": weights["gate.weight"],
@@ -429,22 +431,20 @@ def lab_head_in_vllm_layout(head: torch.nn.Module, config) -> dict[str, torch.Te
     for name, rows, columns in (("q", heads * width, hidden), ("k", kv_heads * width, hidden),
                                 ("v", kv_heads * width, hidden), ("o", hidden, heads * width)):
         state[f"layer.self_attn.{name}_proj.weight"] = weights["fc.weight"].new_zeros(rows, columns)
-    return state
+    return vllm.eagle_checkpoint(state, {"layout": "vllm", "hidden_size": hidden, "feature_layers": [-1]},
+                                 config.to_dict())
 
 
-def lab06_vllm(module: ModuleType, head: torch.nn.Module, prompts: list[list[int]], new_tokens: int, k: int,
-               folder: Path, settings: dict) -> dict:
+def lab06_vllm(module: ModuleType, head: torch.nn.Module, prompts: list[list[int]], plain: list[list[int]],
+               new_tokens: int, k: int, folder: Path, settings: dict) -> dict:
     """Write the lab's target (`folder`/target) and the student's trained EAGLE-1 head in the checkpoint layout
     of vLLM's `eagle` method (`folder`/eagle); with settings["vllm"], decode the prompts in vLLM with them
     (greedy, chains of k, token ids only: the lab has no tokenizer). Returns what was written and, after a run,
-    vLLM's tau and outputs, or why it did not run."""
+    vLLM's tau and how many outputs equal `plain` (our plain greedy decoding), or why it did not run."""
     from specdec_lab import vllm
 
     module.target.save_pretrained(folder / "target")
-    config, state = vllm.eagle_checkpoint(lab_head_in_vllm_layout(head, module.target.config),
-                                          {"layout": "vllm", "hidden_size": module.target.config.hidden_size,
-                                           "feature_layers": [-1]}, module.target.config.to_dict())
-    vllm.write_checkpoint(folder / "eagle", config, state)
+    vllm.write_checkpoint(folder / "eagle", *lab_head_as_vllm_checkpoint(head, module.target.config))
     done: dict = {"target": "vllm/target", "eagle": "vllm/eagle", "k": k}
     if not settings.get("vllm"):
         done["not_run"] = "not asked (specdec export --vllm runs it)"
@@ -457,7 +457,8 @@ def lab06_vllm(module: ModuleType, head: torch.nn.Module, prompts: list[list[int
     with vllm.VllmEngine(folder / "target", None, spec, threads=settings["threads"], max_num_seqs=len(prompts),
                          max_model_len=module.target.config.max_position_embeddings) as engine:
         theirs = engine.generate(prompts, new_tokens)
-    return done | {"version": engine.version, "tau": round(theirs.tau, 3), "outputs": theirs.outputs}
+    equal = sum(a == b for a, b in zip(theirs.outputs, plain, strict=True))
+    return done | {"version": engine.version, "tau": round(theirs.tau, 3), "outputs_equal_to_ours": equal}
 
 
 def lab06_readme(extracted: Extracted, lab: LabBenchmark, result: dict, command: str) -> str:

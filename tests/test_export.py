@@ -162,7 +162,7 @@ def test_a_lab_eagle_head_in_vllm_layout_computes_what_the_lab_head_computes(tmp
     """Lab 6's head, converted for vLLM's `eagle` method, gives the same next features under vLLM's computation
     (written from llama_eagle.py: fc over [embedding ; feature], a decoder layer, here with zero attention) as
     the lab's own forward, at every position of a sequence; a fused EAGLE-3 head is refused with the reason."""
-    from specdec_lab.export import lab_head_in_vllm_layout
+    from specdec_lab.export import lab_head_as_vllm_checkpoint
 
     module = import_artifact(export_module_only(tmp_path), "lab06_train_drafter")
     head = module.EagleHead(seed=3)
@@ -170,9 +170,7 @@ def test_a_lab_eagle_head_in_vllm_layout_computes_what_the_lab_head_computes(tmp
         for w in head.parameters():  # random weights everywhere, the norm's included
             w.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(w.numel())) * 0.3)
     config = module.target.config
-    vllm_config, state = vllm.eagle_checkpoint(lab_head_in_vllm_layout(head, config),
-                                               {"layout": "vllm", "hidden_size": config.hidden_size,
-                                                "feature_layers": [-1]}, config.to_dict())
+    vllm_config, state = lab_head_as_vllm_checkpoint(head, config)
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(7, config.hidden_size, generator=generator)
     tokens = torch.randint(2, config.vocab_size, (7,), generator=generator)
@@ -181,7 +179,7 @@ def test_a_lab_eagle_head_in_vllm_layout_computes_what_the_lab_head_computes(tmp
     theirs = vllm.eagle_features_as_vllm(state, vllm_config, features, module.EMBED[tokens], torch.arange(7))
     assert torch.allclose(theirs, ours, atol=1e-5), (theirs - ours).abs().max()
     with pytest.raises(ExportError, match="EAGLE-3"):
-        lab_head_in_vllm_layout(module.EagleHead(inputs=3), config)
+        lab_head_as_vllm_checkpoint(module.EagleHead(inputs=3), config)
 
 
 def export_module_only(folder: Path) -> Path:
