@@ -121,7 +121,8 @@ ALL_STAGES = ("tokenizer", "target", "draft", "medusa", "eagle", "eagle3", "eagl
 EAGLE_STAGES = {"eagle": "eagle1", "eagle3": "eagle3", "eagle-vllm": "eagle1-vllm"}  # stage -> head variant
 
 
-def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | None) -> dict:
+def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | None,
+                    pretrained: str | None = None) -> dict:
     """Run one zoo stage and print what it reports; returns its result ("finished": False when paused)."""
     from pathlib import Path
 
@@ -147,7 +148,7 @@ def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | 
     else:
         from specdec_lab.train.zoo import run_stage
 
-        result = run_stage(stage, recipe, workdir, max_minutes)
+        result = run_stage(stage, recipe, workdir, max_minutes, pretrained if stage in ("target", "draft") else None)
     print(f"{stage}: {result}")
     return result
 
@@ -164,7 +165,7 @@ def cmd_train(args) -> None:
               "(commit it; the same train command resumes from it on a machine without the checkpoint)")
         return
     for stage in ALL_STAGES if args.stage == "all" else (args.stage,):
-        if not run_train_stage(stage, recipe, args.workdir, args.max_minutes).get("finished", True):
+        if not run_train_stage(stage, recipe, args.workdir, args.max_minutes, args.pretrained).get("finished", True):
             break  # paused: the same command resumes here
 
 
@@ -312,6 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--workdir", default="runs", help="checkpoints and logs (default: ./runs)")
     train.add_argument("--max-minutes", type=float, default=None,
                        help="pause (checkpointed) after this many minutes; run again to resume")
+    train.add_argument("--pretrained", metavar="FOLDER",
+                       help="target stage: take this exported target (a zoo's target/ folder, trained by the "
+                            "recipe's target_run) as the pre-training and run only the recipe's target_tune phase; "
+                            "draft stage: start the recipe's second phase (draft_tune_run) from this exported "
+                            "draft (another zoo's draft/) instead of distilling on the corpus first")
     train.add_argument("--write-carry", action="store_true",
                        help="train nothing: copy the stage's unfinished run (fp16 weights, state, log) into the "
                             "zoo's carry/ folder, small enough to commit, to resume from on another machine")

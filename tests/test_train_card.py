@@ -79,3 +79,27 @@ def test_a_draft_trained_on_text_of_its_own_and_chosen_among_candidates_says_so(
     assert "the draft is `b`, the best of 3 candidates" in card
     assert "a not scored" in card and "b 0.556" in card and "c 0.538 (on the first 79" in card
     assert "corpus phase stopped at its time cap after 3241 of the 3496 steps" in card
+
+
+def test_a_target_fine_tuned_against_its_loops_says_what_the_phase_changed(tmp_path):
+    recipe = json.loads((zoo_path() / "recipe.json").read_text())
+    recipe["target_tune"] = {"prompts_per_step": 16, "new_tokens": 64, "min_loop_tokens": 8,
+                             "run": {"steps": 200, "batch_size": 8, "seq_len": 512}}
+    record = json.loads((zoo_path() / "training.json").read_text())
+    record["target"]["pretrained_from"] = {"zoo": "stdlib-14m-r2", "digest": "abc"}
+    record["target"]["loop_unlikelihood"] = {
+        "steps": 200, "hardware": "CUDA: a GPU", "train_seconds": 900.0, "compute_seconds": 600.0,
+        "best": {"step": 150, "val_loss": 2.401, "selection_degenerate_share": 0.02,
+                 "selection_first_statement_parses": 0.84}}
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    (tmp_path / "training.json").write_text(json.dumps(record))
+    card = write_model_card(tmp_path).read_text()
+    before = record["target"]["best"]
+    assert (f"went from loops in {before['selection_degenerate_share']:.0%} and first statements parsing in "
+            f"{before['selection_first_statement_parses']:.0%} (pre-training, step {before['step']}) to 2% and 84% "
+            "(step 150 of 200)") in card
+    assert "5000 x 8 x 512, then 200 x 8 x 512 plus 16 completions of its own of 64 tokens per step" in card
+    assert f"| training time | {record['target']['compute_seconds'] / 60 + 10:.0f} min |" in card
+    assert "| hardware | CPU: x86_64, 2 threads, then CUDA: a GPU |" in card
+    assert "the target of `stdlib-14m-r2`" in card
+    assert "loop unlikelihood" not in card_for(tmp_path, lambda record: None)

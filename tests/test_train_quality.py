@@ -26,3 +26,32 @@ def test_first_statement_parses_adds_whole_lines():
     assert first_statement_parses(prompt, "\n    return 2 * x\n")
     assert not first_statement_parses(prompt, "\n    return (2 *\n")
     assert not first_statement_parses(prompt, "\n    return 2 * x")  # a cut-off last line is not counted
+
+
+def test_loop_positions_mark_the_tokens_that_carry_a_loop_past_its_length():
+    import torch
+
+    from specdec_lab.train.quality import loop_positions
+
+    rows = torch.tensor([[5, 1, 2, 1, 2, 1, 2, 9, 9],   # a 2-cycle reaching 6 tokens at index 6
+                         [3, 3, 3, 3, 4, 5, 6, 7, 8]])  # one token repeated, 4 long at index 3
+    marked = loop_positions(rows, min_tokens=4)
+    assert marked[0].tolist() == [False] * 4 + [True, True, True, False, False]
+    assert marked[1].tolist() == [False] * 3 + [True] + [False] * 5
+    assert not loop_positions(torch.arange(20)[None], min_tokens=2).any()
+
+
+def test_loop_positions_agree_with_the_degeneracy_measure():
+    import torch
+
+    from specdec_lab.train.quality import LOOP_MIN_TOKENS, loop_positions
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        period = 1 + trial % 4
+        row = torch.randint(0, 6, (40,), generator=gen)
+        start, repeats = int(torch.randint(0, 20, (1,), generator=gen)), int(torch.randint(1, 6, (1,), generator=gen))
+        cycle = row[start : start + period].repeat(repeats)
+        row[start : start + len(cycle)] = cycle[: 40 - start]
+        tokens = row.tolist()
+        assert loop_positions(row[None], LOOP_MIN_TOKENS)[0].any().item() == is_degenerate(tokens)

@@ -15,7 +15,7 @@ import torch
 from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import tokenize_stream
 from specdec_lab.train.quality import LOOP_MIN_TOKENS, first_statement_parses, is_degenerate
-from specdec_lab.train.zoo import record_result
+from specdec_lab.train.zoo import SELECTION_PROMPTS, record_result
 
 # The fixed validation windows on which the card's loss is measured (and a test re-measures it).
 CHECK_WINDOWS = 8
@@ -209,9 +209,21 @@ def phase_acceptance_line(draft: dict) -> list[str]:
     checks = draft.get("acceptance_after_phase")
     if not checks:
         return []
-    figures = ", ".join(f"{rate:.3f} after training on {phase}" for phase, rate in checks["phases"].items())
+    figures = ", ".join(f"{rate:.3f} {'for' if phase.endswith('as it was') else 'after training on'} {phase}"
+                        for phase, rate in checks["phases"].items())
     return [f"- draft greedy acceptance at k = {checks['k']} on the first {checks['prompts']} held-out prompts "
             f"({checks['max_new_tokens']} tokens, fp32 weights, measured by the draft stage): {figures}"]
+
+
+def pretrained_draft_line(draft: dict) -> list[str]:
+    """Where a draft that started from another zoo's draft came from (the table counts only its own phase)."""
+    origin = draft.get("pretrained_from")
+    if not origin:
+        return []
+    before = origin["record"]
+    return [f"- the draft starts from `{origin['zoo']}`'s draft ({before['steps']} steps, "
+            f"{training_minutes(before):.0f} min on {before['hardware']}, distilled from that zoo's target); the "
+            "table's training time and hardware are its mixed phase's against this target"]
 
 
 def stopped_early_line(draft: dict) -> list[str]:
@@ -239,8 +251,61 @@ def run_shape(run: dict) -> str:
     return f"{run['steps']} x {run['batch_size']} x {run['seq_len']}"
 
 
-def draft_runs(recipe: dict) -> str:
-    """The draft's optimisation, one phase or two (corpus, then corpus mixed with the target's outputs)."""
+def target_runs(recipe: dict) -> str:
+    """The target's optimisation: pre-training, then (where the recipe has one) the loop unlikelihood phase."""
+    tune = recipe.get("target_tune")
+    if not tune:
+        return run_shape(recipe["target_run"])
+    return (f"{run_shape(recipe['target_run'])}, then {run_shape(tune['run'])} plus {tune['prompts_per_step']} "
+            f"completions of its own of {tune['new_tokens']} tokens per step (loop unlikelihood)")
+
+
+def target_minutes(target: dict) -> float:
+    """The target's training time over both of its phases."""
+    tune = target.get("loop_unlikelihood")
+    return training_minutes(target) + (training_minutes(tune) if tune else 0)
+
+
+def target_hardware(target: dict) -> str:
+    """Where the target trained (each phase, where they differ)."""
+    tune = target.get("loop_unlikelihood")
+    if not tune or tune["hardware"] == target["hardware"]:
+        return target["hardware"]
+    return f"{target['hardware']}, then {tune['hardware']}"
+
+
+def loop_unlikelihood_lines(recipe: dict, target: dict) -> list[str]:
+    """The card's paragraph on the target's loop phase: what it does and what it changed on the selection
+    prompts (pre-training's kept weights against the phase's kept weights)."""
+    tune = target.get("loop_unlikelihood")
+    if not tune:
+        return []
+    settings, before, after = recipe["target_tune"], target.get("best", target), tune.get("best", tune)
+    origin = target.get("pretrained_from")
+    reused = (f" The pre-training is the target of `{origin['zoo']}`, trained by this recipe's `target_run` and "
+              "reused (`specdec train target --pretrained`).") if origin else ""
+    return [
+        "",
+        "The target's second phase fine-tunes the pre-trained weights against their own loops (sequence-level "
+        "unlikelihood, Welleck et al. 2020, `train/unlikelihood.py`): at each step the model greedily completes "
+        f"{settings['prompts_per_step']} training-split prompts as it stands, and every token of those completions "
+        f"that carries a loop to {settings['min_loop_tokens']} tokens or more gets the loss -log(1 - p), beside "
+        f"the next-token loss on a corpus batch. On the {SELECTION_PROMPTS} selection prompts (held out, not the "
+        "card's), the kept weights went from loops in "
+        f"{before['selection_degenerate_share']:.0%} and first statements parsing in "
+        f"{before['selection_first_statement_parses']:.0%} (pre-training, step {before.get('step', '?')}) to "
+        f"{after['selection_degenerate_share']:.0%} and {after['selection_first_statement_parses']:.0%} (step "
+        f"{after.get('step', tune['steps'])} of {tune['steps']}), at a validation loss of {before['val_loss']:.3f} "
+        f"then {after['val_loss']:.3f} nats on the phases' own windows.{reused}",
+    ]
+
+
+def draft_runs(recipe: dict, draft: dict) -> str:
+    """The draft's optimisation, one phase or two (corpus, then corpus mixed with the target's outputs), or
+    another zoo's draft, then the mixed phase."""
+    origin = draft.get("pretrained_from")
+    if origin:
+        return f"the draft of `{origin['zoo']}`, then {run_shape(recipe['draft_tune_run'])} (mixed)"
     if not recipe.get("draft_tune_run"):
         return run_shape(recipe["draft_run"])
     return f"{run_shape(recipe['draft_run'])} (corpus), then {run_shape(recipe['draft_tune_run'])} (mixed)"
@@ -332,11 +397,12 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         "|---|---|---|",
         f"| architecture | {shape(recipe['target'])} | {shape(recipe['draft'])} |",
         f"| parameters | {tgt['parameters'] / 1e6:.2f}M | {dft['parameters'] / 1e6:.2f}M |",
-        "| objective | next-token cross-entropy | KL to the target's distribution (distillation) |",
-        f"| steps x batch x length | {run_shape(recipe['target_run'])} | {draft_runs(recipe)} |",
+        f"| objective | next-token cross-entropy{', then plus loop unlikelihood' if 'loop_unlikelihood' in tgt else ''}"
+        " | KL to the target's distribution (distillation) |",
+        f"| steps x batch x length | {target_runs(recipe)} | {draft_runs(recipe, dft)} |",
         f"| tokens seen | {tgt['tokens_seen'] / 1e6:.1f}M | {dft['tokens_seen'] / 1e6:.1f}M |",
-        f"| training time | {training_minutes(tgt):.0f} min | {training_minutes(dft):.0f} min |",
-        f"| hardware | {tgt['hardware']} | {dft['hardware']} |",
+        f"| training time | {target_minutes(tgt):.0f} min | {training_minutes(dft):.0f} min |",
+        f"| hardware | {target_hardware(tgt)} | {dft['hardware']} |",
         f"| validation loss (nats/token) | {ev['target_val_loss']:.3f} | {ev['draft_val_loss']:.3f} |",
         f"| validation perplexity | {ev['target_val_ppl']:.1f} | {ev['draft_val_ppl']:.1f} |",
         "",
@@ -344,6 +410,7 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         "re-measures it, so a corrupted or swapped checkpoint fails."
         + (" Training time is the number of steps times the median step's wall time, so time the job sat "
            "paused does not count." if tgt.get("compute_seconds") else ""),
+        *loop_unlikelihood_lines(recipe, tgt),
         "",
         "## Speculative decoding figures",
         "",
@@ -360,6 +427,7 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"target {ev['target_forward_ms']:.2f} ms, draft {ev['draft_forward_ms']:.2f} ms, "
         f"ratio {ev['forward_cost_ratio']:.1f}x",
         *phase_acceptance_line(dft),
+        *pretrained_draft_line(dft),
         *candidates_line(dft),
         *stopped_early_line(dft),
     ]

@@ -56,6 +56,26 @@ def longest_loop(tokens: Sequence[int], max_period: int = LOOP_MAX_PERIOD) -> in
     return best
 
 
+def loop_positions(tokens: torch.Tensor, min_tokens: int, max_period: int = LOOP_MAX_PERIOD) -> torch.Tensor:
+    """Which tokens of each row continue a loop that is already `min_tokens` long, counting the token itself.
+
+    tokens: (rows, length) ids. Returns a bool tensor of the same shape: True where the stretch of one repeated
+    cycle of 1 to `max_period` tokens ending at that token (as `longest_loop` measures it) holds at least
+    `min_tokens` tokens. A row is degenerate at `min_tokens` (`is_degenerate`) exactly when one of its tokens is
+    marked. The loop unlikelihood fine-tune (`train.unlikelihood`) penalises the marked tokens.
+    """
+    rows, length = tokens.shape
+    marked = torch.zeros(rows, length, dtype=torch.bool, device=tokens.device)
+    for period in range(1, max_period + 1):
+        repeats = torch.zeros_like(marked)
+        repeats[:, period:] = tokens[:, period:] == tokens[:, :-period]
+        run = torch.zeros(rows, dtype=torch.long, device=tokens.device)  # tokens so far equal to `period` back
+        for i in range(period, length):
+            run = (run + 1) * repeats[:, i]
+            marked[:, i] |= (run > 0) & (run + period >= min_tokens)
+    return marked
+
+
 def is_degenerate(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> bool:
     """Whether `tokens` hold a loop (one token, or one 2- to 4-token cycle) of `min_tokens` tokens or more."""
     return longest_loop(tokens) >= min_tokens

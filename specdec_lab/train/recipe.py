@@ -90,6 +90,36 @@ class MTPRecipe:
 
 
 @dataclass
+class LoopUnlikelihood:
+    """The "target_tune" section: the target's second phase, a fine-tune against its own loops
+    (`train.unlikelihood`, sequence-level unlikelihood).
+
+    prompt_pool: the first this many training-split function prompts (fewer where the split has fewer), from
+    which each step draws; prompts_per_step: prompts the model completes greedily at each step; new_tokens: tokens per
+    completion; max_prompt_tokens: prompts are cut to their last this many tokens; min_loop_tokens: a completion
+    token is pushed down when it carries a loop (one token, or a cycle of 2 to 4) to this many tokens or more;
+    weight: the unlikelihood loss's weight beside the next-token loss; run: optimiser settings (its batch shape
+    is the corpus batch of the next-token loss).
+    """
+
+    prompt_pool: int = 8192
+    prompts_per_step: int = 16
+    new_tokens: int = 64
+    max_prompt_tokens: int = 160
+    min_loop_tokens: int = 8
+    weight: float = 1.0
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=200, lr=3e-4, warmup_steps=20, eval_every=50,
+                                                             select_by="selection_clean_share"))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LoopUnlikelihood:
+        """Read the section (its "run" becomes a `RunConfig`)."""
+        data = dict(data)
+        run = RunConfig(**data.pop("run")) if "run" in data else None
+        return cls(**data, run=run) if run else cls(**data)
+
+
+@dataclass
 class ZooRecipe:
     """Everything needed to rebuild a zoo folder from scratch."""
 
@@ -103,6 +133,8 @@ class ZooRecipe:
     target: ModelShape = field(default_factory=lambda: ModelShape(256, 16, 4, 704))
     draft: ModelShape = field(default_factory=lambda: ModelShape(128, 1, 2, 384))
     target_run: RunConfig = field(default_factory=lambda: RunConfig(steps=1400))
+    # The target's second phase, against its own greedy loops (None: pre-training only).
+    target_tune: LoopUnlikelihood | None = None
     draft_run: RunConfig = field(default_factory=lambda: RunConfig(steps=600, lr=3e-3))
     # Second draft phase, on a mix of corpus and target outputs (None: corpus distillation only).
     draft_tune_run: RunConfig | None = None
@@ -137,6 +169,8 @@ class ZooRecipe:
         for key in ("target_run", "draft_run", "draft_tune_run"):
             if kwargs.get(key) is not None:
                 kwargs[key] = RunConfig(**kwargs[key])
+        if kwargs.get("target_tune") is not None:
+            kwargs["target_tune"] = LoopUnlikelihood.from_dict(kwargs["target_tune"])
         for key in ("target_outputs", "draft_target_outputs"):
             if kwargs.get(key) is not None:
                 kwargs[key] = TargetOutputs(**kwargs[key])

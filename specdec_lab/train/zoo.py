@@ -18,13 +18,14 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from specdec_lab.models import folder_digest
-from specdec_lab.train.corpus import heldout_prompts, load_corpus
+from specdec_lab.train.corpus import function_prompts, heldout_prompts, load_corpus
 from specdec_lab.train.lm import build_llama, distill_draft, pretrain_target, tokenize_stream
 from specdec_lab.train.loop import hardware, load_best
 from specdec_lab.train.quality import text_quality
-from specdec_lab.train.recipe import TargetOutputs, ZooRecipe
+from specdec_lab.train.recipe import ModelShape, TargetOutputs, ZooRecipe
 from specdec_lab.train.target_outputs import TrainingMix, target_output_stream
 from specdec_lab.train.tokenizer import train_tokenizer
+from specdec_lab.train.unlikelihood import unlearn_loops
 
 STAGES = ("tokenizer", "target", "draft")
 # The model card measures the first this many held-out prompts; weights are selected on the ones after them.
@@ -46,14 +47,14 @@ def carry_folder(zoo_dir: Path, phase: str) -> Path:
 
 
 # The training phases of each stage, in order (the draft distils in two phases, each with its own checkpoint).
-STAGE_PHASES = {"target": ("target",), "draft": ("draft", "draft-tune"), "medusa": ("medusa",),
+STAGE_PHASES = {"target": ("target", "target-tune"), "draft": ("draft", "draft-tune"), "medusa": ("medusa",),
                 "eagle": ("eagle1",), "eagle3": ("eagle3",), "eagle-vllm": ("eagle1-vllm",), "mtp": ("mtp",)}
 
 
 def phase_workdir(zoo_dir: Path, workdir: Path, phase: str) -> Path:
-    """The checkpoint folder of one phase in a recipe's work folder: the target's directly, every later
-    phase's under the folder named by the target it trains against (see `against_target`)."""
-    return workdir / "target" if phase == "target" else against_target(workdir, zoo_dir) / phase
+    """The checkpoint folder of one phase in a recipe's work folder: the target's own phases directly, every
+    later phase's under the folder named by the target it trains against (see `against_target`)."""
+    return workdir / phase if phase in STAGE_PHASES["target"] else against_target(workdir, zoo_dir) / phase
 
 
 def stage_carry(zoo_dir: Path, phase: str) -> Path | None:
@@ -62,7 +63,7 @@ def stage_carry(zoo_dir: Path, phase: str) -> Path | None:
     folder = carry_folder(zoo_dir, phase)
     if not (folder / "state.json").exists():
         return None
-    if phase != "target":
+    if phase not in STAGE_PHASES["target"]:
         written_against = (folder / "against_target.txt").read_text().strip()
         if written_against != folder_digest(zoo_dir / "target"):
             return None
@@ -84,7 +85,7 @@ def write_stage_carry(recipe_path: str | Path, workdir: str | Path, stage: str) 
             continue
         dest = carry_folder(zoo_dir, phase)
         state = write_carry(source, dest)
-        if phase != "target":
+        if phase not in STAGE_PHASES["target"]:
             (dest / "against_target.txt").write_text(folder_digest(zoo_dir / "target") + "\n")
     if not state:
         raise FileNotFoundError(f"{stage}: no checkpoint under {runs} to carry")
@@ -165,10 +166,16 @@ def with_target_outputs(recipe: ZooRecipe, zoo_dir: Path, workdir: Path, target:
     return TrainingMix(train_stream, outputs, settings.share)
 
 
-def tokens_seen(recipe: ZooRecipe, stage: str) -> int:
-    """Training tokens of the target or of the draft (both draft phases)."""
-    runs = [recipe.target_run] if stage == "target" else [recipe.draft_run, recipe.draft_tune_run]
-    return sum(r.steps * r.batch_size * r.seq_len for r in runs if r is not None)
+def tokens_seen(recipe: ZooRecipe, stage: str, pretrained: dict | None = None) -> int:
+    """Corpus training tokens of the target (both phases; the loop phase also reads text of its own) or of the
+    draft (both phases). pretrained: where the run started from another zoo's model (`pretrained_record`): its
+    first phase is that model's whole training."""
+    if stage == "target":
+        runs = [recipe.target_run, recipe.target_tune.run if recipe.target_tune else None]
+    else:
+        runs = [None if pretrained else recipe.draft_run, recipe.draft_tune_run]
+    before = pretrained["record"]["tokens_seen"] if pretrained and stage == "draft" else 0
+    return before + sum(r.steps * r.batch_size * r.seq_len for r in runs if r is not None)
 
 
 # The draft stage's check after each phase: greedy, this many drafted tokens per step and new tokens per prompt.
@@ -197,23 +204,36 @@ def acceptance_on(target: LlamaForCausalLM, draft: LlamaForCausalLM, tokenizer, 
 
 
 def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workdir: Path,
-                streams: tuple[torch.Tensor, torch.Tensor], max_minutes: float | None) -> dict:
+                streams: tuple[torch.Tensor, torch.Tensor], max_minutes: float | None,
+                pretrained: Path | None = None) -> dict:
     """Distil the draft in two phases: on the corpus, then (if the recipe has `draft_tune_run`) on corpus
     mixed with the target's own completions. Each phase resumes from its own checkpoint.
 
-    streams: the corpus train and validation tokens.
+    streams: the corpus train and validation tokens; pretrained: an exported draft (another zoo's `draft/`,
+    distilled from that zoo's target) to start the second phase from instead of running the first; its
+    record is kept under "pretrained_from".
     """
     target = LlamaForCausalLM.from_pretrained(str(zoo_dir / "target"), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
     train_stream, val_stream = streams
     sharpen = recipe.draft_teacher_temperature
-    result = distill_draft(draft, target, TrainingMix(train_stream), val_stream, recipe.draft_run,
-                           phase_workdir(zoo_dir, workdir, "draft"), max_minutes, sharpen,
-                           stage_carry(zoo_dir, "draft"))
-    if not result["finished"]:
-        return result
     checks = recipe.phase_check_prompts
-    acceptance = {"corpus": heldout_acceptance(target, draft, tokenizer, checks)} if checks else {}
+    if pretrained is None:
+        result = distill_draft(draft, target, TrainingMix(train_stream), val_stream, recipe.draft_run,
+                               phase_workdir(zoo_dir, workdir, "draft"), max_minutes, sharpen,
+                               stage_carry(zoo_dir, "draft"))
+        if not result["finished"]:
+            return result
+        first = "corpus"
+    else:
+        if recipe.draft_tune_run is None:
+            raise ValueError("a pretrained draft starts the recipe's second phase, and this recipe has no "
+                             "draft_tune_run: nothing would train it against this target")
+        draft.load_state_dict(load_pretrained(Path(pretrained), recipe.draft).state_dict())
+        record = pretrained_record(Path(pretrained), "draft")
+        result = {"steps": 0, "train_seconds": 0.0, "compute_seconds": 0.0, "pretrained_from": record}
+        first = f"the draft of {record['zoo']}, as it was"
+    acceptance = {first: heldout_acceptance(target, draft, tokenizer, checks)} if checks else {}
     if recipe.draft_tune_run is not None:
         mix = with_target_outputs(recipe, zoo_dir, workdir, target, train_stream, recipe.draft_target_outputs)
         phase_two = distill_draft(draft, target, mix, val_stream, recipe.draft_tune_run,
@@ -224,20 +244,81 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
         phase_two["steps"] += result["steps"]
         for key in ("train_seconds", "compute_seconds"):
             phase_two[key] = round(phase_two[key] + result[key], 1)
-        result = phase_two
+        result = phase_two | {key: result[key] for key in ("pretrained_from",) if key in result}
         if checks:
-            acceptance["corpus, then target outputs"] = heldout_acceptance(target, draft, tokenizer, checks)
+            second = "corpus, then target outputs" if pretrained is None else "then target outputs of this target"
+            acceptance[second] = heldout_acceptance(target, draft, tokenizer, checks)
     if acceptance:
         result["acceptance_after_phase"] = {"prompts": checks, "k": PHASE_CHECK_K,
                                             "max_new_tokens": PHASE_CHECK_TOKENS, "phases": acceptance}
     return result
 
 
-def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minutes: float | None = None) -> dict:
+def pretrained_record(folder: Path, stage: str = "target") -> dict:
+    """Where an exported model that a run starts from came from: its zoo's name, its weights' digest, and its
+    training record (its stage's entry of the training.json beside it)."""
+    record = dict(json.loads((folder.parent / "training.json").read_text())[stage])
+    if "loop_unlikelihood" in record:
+        raise ValueError(f"{folder} was fine-tuned against its loops already: give a target that was only pre-trained")
+    zoo_name = json.loads((folder.parent / "recipe.json").read_text())["name"]
+    return {"zoo": zoo_name, "digest": folder_digest(folder), "record": record}
+
+
+def load_pretrained(folder: Path, shape: ModelShape) -> LlamaForCausalLM:
+    """An exported model to go on training (fp32), refused with the reason when it is not the recipe's shape."""
+    model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    found = (model.config.hidden_size, model.config.num_hidden_layers)
+    if found != (shape.hidden_size, shape.num_layers):
+        raise ValueError(f"{folder}: a model of hidden size {found[0]} with {found[1]} layers, but the recipe "
+                         f"asks for hidden size {shape.hidden_size} and {shape.num_layers} layers")
+    return model
+
+
+def train_target(recipe: ZooRecipe, zoo_dir: Path, workdir: Path, tokenizer,
+                 streams: tuple[torch.Tensor, torch.Tensor], max_minutes: float | None,
+                 pretrained: Path | None = None) -> tuple[LlamaForCausalLM, dict]:
+    """Pre-train the target, then (if the recipe has `target_tune`) fine-tune it against its own loops; returns
+    the model and its figures. Each phase resumes from its own checkpoint; the weights each selects by its
+    `select_by` go on to the next.
+
+    streams: the corpus train and validation tokens; pretrained: an exported target (a zoo's `target/` folder,
+    trained by this recipe's `target_run`) to take as the pre-training phase's result instead of running it;
+    its record (training.json beside it) is kept as the pre-training's figures.
+    """
+    train_stream, val_stream = streams
+    tune = recipe.target_tune
+    quality = selection_quality(tokenizer) if recipe.target_run.select_by or tune else None
+    if pretrained is None:
+        model = build_llama(recipe.target, len(tokenizer), tokenizer.eos_token_id, recipe.target_run.seed)
+        result = pretrain_target(model, train_stream, val_stream, recipe.target_run,
+                                 phase_workdir(zoo_dir, workdir, "target"), max_minutes, quality,
+                                 stage_carry(zoo_dir, "target"))
+        if not result["finished"]:
+            return model, result
+        load_best(model, result, phase_workdir(zoo_dir, workdir, "target"))
+    else:
+        origin = pretrained_record(Path(pretrained))
+        model, result = load_pretrained(Path(pretrained), recipe.target), origin.pop("record")
+        result |= {"pretrained_from": origin, "finished": True}
+    if tune is None:
+        return model, result
+    prompts = function_prompts("train", tune.prompt_pool, load_corpus(val_percent=recipe.val_percent))
+    tuned = unlearn_loops(model, tokenizer, train_stream, val_stream, prompts, tune,
+                          phase_workdir(zoo_dir, workdir, "target-tune"), max_minutes, quality,
+                          stage_carry(zoo_dir, "target-tune"))
+    if not tuned["finished"]:
+        return model, tuned
+    load_best(model, tuned, phase_workdir(zoo_dir, workdir, "target-tune"))
+    return model, result | {"loop_unlikelihood": tuned}
+
+
+def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minutes: float | None = None,
+              pretrained: str | Path | None = None) -> dict:
     """Run one zoo stage ("tokenizer", "target", "draft" or "mtp") and write its output into the zoo folder.
 
     recipe_path: the recipe JSON (its folder is the zoo folder); workdir: scratch space for checkpoints,
-    logs and token caches; max_minutes: pause (checkpointed) after this long, to resume with the same call.
+    logs and token caches; max_minutes: pause (checkpointed) after this long, to resume with the same call;
+    pretrained: for the target stage, an exported target to take as its pre-training (see `train_target`).
     """
     if stage == "mtp":  # a head stage: its module imports this one, hence the late import
         from specdec_lab.train.mtp import run_mtp_stage
@@ -255,24 +336,21 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
     elif stage in ("target", "draft"):
         tokenizer = AutoTokenizer.from_pretrained(str(zoo_dir / "tokenizer"))
         train_stream, val_stream = token_streams(recipe, zoo_dir, workdir)
-        shape = recipe.target if stage == "target" else recipe.draft
-        run = recipe.target_run if stage == "target" else recipe.draft_run
-        model = build_llama(shape, len(tokenizer), tokenizer.eos_token_id, run.seed)
         if stage == "target":
-            quality = selection_quality(tokenizer) if run.select_by else None
-            result = pretrain_target(model, train_stream, val_stream, run, workdir / "target", max_minutes, quality,
-                                     stage_carry(zoo_dir, stage))
-            load_best(model, result, workdir / "target")
+            model, result = train_target(recipe, zoo_dir, workdir, tokenizer, (train_stream, val_stream),
+                                         max_minutes, pretrained)
         else:
-            result = train_draft(recipe, model, zoo_dir, workdir, (train_stream, val_stream), max_minutes)
+            model = build_llama(recipe.draft, len(tokenizer), tokenizer.eos_token_id, recipe.draft_run.seed)
+            result = train_draft(recipe, model, zoo_dir, workdir, (train_stream, val_stream), max_minutes,
+                                 pretrained)
         if not result["finished"]:
             print(f"{stage}: paused at step {result['steps']}; run the same command again to resume")
             return result
         export_fp16(model, zoo_dir / stage)
         drop_stage_carry(zoo_dir, stage)
         corpus = load_corpus(val_percent=recipe.val_percent, test_folders=recipe.test_folders)
-        result.update(parameters=sum(p.numel() for p in model.parameters()), tokens_seen=tokens_seen(recipe, stage),
-                      corpus=corpus.describe())
+        result.update(parameters=sum(p.numel() for p in model.parameters()),
+                      tokens_seen=tokens_seen(recipe, stage, result.get("pretrained_from")), corpus=corpus.describe())
     else:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
     result.setdefault("hardware", hardware())  # the loop records what trained; the tokenizer stage has no loop
