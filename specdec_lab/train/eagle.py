@@ -33,7 +33,7 @@ from transformers import LlamaForCausalLM
 from specdec_lab.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, additive_mask
 from specdec_lab.train.lm import fixed_eval_batches
 from specdec_lab.train.loop import bf16_here, hardware, learning_curve, train
-from specdec_lab.train.recipe import RunConfig, ZooRecipe
+from specdec_lab.train.recipe import RunConfig, ZooRecipe, section_with_run
 from specdec_lab.train.target_outputs import TrainingMix
 from specdec_lab.train.zoo import (
     drop_stage_carry,
@@ -77,9 +77,7 @@ class EagleRecipe:
     @classmethod
     def from_dict(cls, data: dict) -> EagleRecipe:
         """Read one variant's section (its "run" becomes a `RunConfig`)."""
-        data = dict(data)
-        run = RunConfig(**data.pop("run")) if "run" in data else None
-        return cls(**data, run=run) if run else cls(**data)
+        return section_with_run(cls, data)
 
 
 def default_recipes(target_layers: int) -> dict[str, EagleRecipe]:

@@ -26,7 +26,7 @@ from transformers import LlamaForCausalLM
 from specdec_lab.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec_lab.train.lm import fixed_eval_batches, sample_batch
 from specdec_lab.train.loop import train
-from specdec_lab.train.recipe import RunConfig, ZooRecipe
+from specdec_lab.train.recipe import RunConfig, ZooRecipe, section_with_run
 from specdec_lab.train.target_outputs import TrainingMix
 from specdec_lab.train.zoo import drop_stage_carry, phase_workdir, record_result, stage_carry, training_data
 from specdec_lab.tree import expected_accepted, sparse_tree
@@ -57,9 +57,7 @@ class MedusaRecipe:
     @classmethod
     def from_recipe(cls, recipe: ZooRecipe) -> MedusaRecipe:
         """The section from a loaded recipe (defaults where it has none)."""
-        data = dict(recipe.extra.get(SECTION, {}))
-        run = RunConfig(**data.pop("run")) if "run" in data else None
-        return cls(**data, **({"run": run} if run else {}))
+        return section_with_run(cls, recipe.extra.get(SECTION, {}))
 
 
 def ensure_section(recipe_path: Path) -> MedusaRecipe:

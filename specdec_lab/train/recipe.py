@@ -65,6 +65,15 @@ class TargetOutputs:
     share: float = 0.5
 
 
+def section_with_run(cls, data: dict):
+    """A recipe section of dataclass `cls` read from its JSON dict: its "run" entry becomes a `RunConfig`, and
+    whatever the dict leaves out takes the dataclass's default."""
+    data = dict(data)
+    if "run" in data:
+        data["run"] = RunConfig(**data["run"])
+    return cls(**data)
+
+
 @dataclass
 class MTPRecipe:
     """The "mtp" section: multi-token prediction modules (DeepSeek-V3) on the frozen target.
@@ -84,9 +93,7 @@ class MTPRecipe:
     @classmethod
     def from_dict(cls, data: dict) -> MTPRecipe:
         """Read the section (its "run" becomes a `RunConfig`)."""
-        data = dict(data)
-        run = RunConfig(**data.pop("run")) if "run" in data else None
-        return cls(**data, run=run) if run else cls(**data)
+        return section_with_run(cls, data)
 
 
 @dataclass
@@ -114,9 +121,7 @@ class LoopUnlikelihood:
     @classmethod
     def from_dict(cls, data: dict) -> LoopUnlikelihood:
         """Read the section (its "run" becomes a `RunConfig`)."""
-        data = dict(data)
-        run = RunConfig(**data.pop("run")) if "run" in data else None
-        return cls(**data, run=run) if run else cls(**data)
+        return section_with_run(cls, data)
 
 
 @dataclass
