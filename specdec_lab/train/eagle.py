@@ -407,12 +407,15 @@ def main(argv: list[str] | None = None) -> None:
                              "store it in the head's config.json")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--no-record", action="store_true", help="print only; leave training.json alone")
+    parser.add_argument("--zoo", type=Path, default=None,
+                        help="the zoo folder whose heads to fit or measure (default: the shipped zoo)")
     args = parser.parse_args(argv)
+    zoo_dir = args.zoo or zoo_path()
     if args.fit_rank_temperature:
-        fits = fit_zoo_heads(zoo_path(), args.prompts, args.max_new_tokens, args.threads)
+        fits = fit_zoo_heads(zoo_dir, args.prompts, args.max_new_tokens, args.threads)
         print(json.dumps(fits, indent=2))
         if not args.no_record:
-            record_result(zoo_path(), "eagle_rank_temperature", fits)
+            record_result(zoo_dir, "eagle_rank_temperature", fits)
         return
 
     def ints(text: str) -> tuple[int, ...]:
@@ -420,11 +423,15 @@ def main(argv: list[str] | None = None) -> None:
 
     result = measure_heads(args.prompts, args.max_new_tokens, args.depth, args.tree_depth, args.top_k,
                            ints(args.budgets), ints(args.variant_budgets), ints(args.draft_ks), args.threads,
-                           rank_temperature=args.rank_temperature)
-    result["command"] = " ".join(["python -m specdec_lab.train.eagle", *(sys.argv[1:] if argv is None else argv)])
+                           zoo_dir, args.rank_temperature)
+    given = sys.argv[1:] if argv is None else argv
+    # The card prints the command; which folder it ran on (a staging copy of the zoo) is not part of it.
+    shown = [a for i, a in enumerate(given) if not (a == "--zoo" or a.startswith("--zoo=")
+                                                   or (i > 0 and given[i - 1] == "--zoo"))]
+    result["command"] = " ".join(["python -m specdec_lab.train.eagle", *shown])
     print(json.dumps(result, indent=2))
     if not args.no_record:
-        record_result(zoo_path(), "eagle_heldout", result)
+        record_result(zoo_dir, "eagle_heldout", result)
 
 
 if __name__ == "__main__":
