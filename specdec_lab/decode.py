@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from specdec_lab.cache import CachePlan, cache_length, cache_plan, keep_positions, new_cache, truncate
-from specdec_lab.drafters.base import DecodeState, Draft, Drafter
+from specdec_lab.drafters.base import DecodeState, Draft, Drafter, LayerRows
 from specdec_lab.drafters.draft_model import DraftModelDrafter
 from specdec_lab.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_lab.forward import QUERY_BUCKETS, forward
@@ -227,19 +227,20 @@ def plan_for(run: RunSetup, drafter: Drafter | None, cache: str | None, compile:
 
 
 def target_forward(target, tokens: torch.Tensor, cache, want_hidden: bool, keep: int, clock: Clock | None = None):
-    """Run the target on `tokens` after its cache; return (logits of the last `keep` positions, per-layer
-    hidden states of every position or None). clock: where the forward's own time is added up
-    (`forward_seconds`), so that a step's time outside the forward can be told apart; None: not timed."""
+    """Run the target on `tokens` after its cache; return (logits of the last `keep` positions, the forward's
+    per-layer hidden states (1, >= q, H) or None: rows past the fed tokens are padding). clock: where the
+    forward's own time is added up (`forward_seconds`), so that a step's time outside the forward can be told
+    apart; None: not timed."""
     with timed(clock, "forward_seconds"):
         out = forward(target, cache, tokens, keep=keep, hidden=want_hidden)
-    hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
-    return out.logits[0].float(), hidden
+    return out.logits[0].float(), out.hidden_states
 
 
 def prefill(target, state: DecodeState, cache, want_hidden: bool, clock: Clock | None = None) -> None:
     """One forward over the prompt alone: append the target's first token and keep its hidden states."""
-    logits, state.hidden_states = target_forward(target, torch.tensor(state.tokens, device=state.device), cache,
-                                                 want_hidden, keep=1, clock=clock)
+    prompt = torch.tensor(state.tokens, device=state.device)
+    logits, hidden = target_forward(target, prompt, cache, want_hidden, keep=1, clock=clock)
+    state.hidden_states = LayerRows(hidden, slice(0, len(prompt))) if want_hidden else None
     state.tokens.append(choose_next(logits[-1], state.sampling, state.generator))
 
 
@@ -256,7 +257,7 @@ def chain_step(target, draft: Draft, state: DecodeState, cache, want_hidden: boo
     truncate(cache, len(state.tokens) + verdict.accepted)
     emitted = draft.tokens[: verdict.accepted].tolist() + [verdict.next_token]
     if want_hidden:
-        hidden = tuple(h[pending - 1 : pending + verdict.accepted] for h in hidden)
+        hidden = LayerRows(hidden, slice(pending - 1, pending + verdict.accepted))
     return logits, verdict, emitted, hidden
 
 
@@ -336,11 +337,13 @@ def tree_step(target, draft: Draft, state: DecodeState, cache, want_hidden: bool
     kept = [0] + [node + 1 for node in verdict.path]
     if kept[-1] == len(kept) - 1:  # the accepted slots are already contiguous: a plain crop suffices
         truncate(cache, past + len(kept))
+        rows = slice(0, len(kept))
     else:
-        keep_positions(cache, past, torch.tensor(kept, device=feed.device))
+        rows = torch.tensor(kept, device=feed.device)
+        keep_positions(cache, past, rows)
     emitted = tree.tokens[verdict.path].tolist() + [verdict.next_token]
     state.accepted_path = verdict.path
-    hidden = tuple(h[0, kept] for h in out.hidden_states) if want_hidden else None
+    hidden = LayerRows(out.hidden_states, rows) if want_hidden else None
     return logits, verdict, emitted, hidden, tree.max_depth
 
 

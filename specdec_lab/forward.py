@@ -35,7 +35,8 @@ MIN_RECOMPILE_LIMIT = 64  # graphs per model torch.compile may keep (buckets x c
 @dataclass
 class ForwardOutput:
     """What a forward returns: logits (1, keep, V) of the last `keep` fed tokens (all when keep is 0), and,
-    when asked for, each layer's hidden states (1, q, H) of every fed token (embeddings first)."""
+    when asked for, each layer's hidden states (1, q', H) of every fed token (embeddings first); q' >= q: a
+    compiled forward's padding rows follow the fed ones (cutting 17 layers costs a step more than it saves)."""
 
     logits: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
@@ -109,7 +110,7 @@ def static_forward(model, cache, tokens, visible, positions, keep, hidden) -> Fo
     logits = out.logits[:, :fed] if compiled else out.logits
     if compiled and keep:
         logits = logits[:, -keep:]
-    states = tuple(h[:, :fed] for h in out.hidden_states) if hidden else None
+    states = out.hidden_states if hidden else None  # padding rows included: callers pick the rows they keep
     if compiled and cache.mode == "reduce-overhead":  # the graph's output buffers are reused by its next replay
         logits = logits.clone()
         states = tuple(h.clone() for h in states) if hidden else None

@@ -22,11 +22,38 @@ without being candidates (lookahead decoding's Jacobi window): see `Draft`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec_lab.sampling import SamplingConfig
+
+
+class LayerRows(Sequence):
+    """Every target layer's hidden states at some rows, each layer cut out only when a drafter reads it.
+
+    layers: the forward's per-layer states (1, q, H), embeddings first; rows: which of the q positions (a slice,
+    or a tensor of indices). The target returns all of its layers (17 for the zoo target) and a drafter reads one
+    to three; cutting every layer at every step cost more of the loop's time outside the forwards than all the
+    rest of its bookkeeping on a chain (a tree's rows are a gather, a copy per layer). Indexing works as on a
+    tuple: `rows[-1]` is the final-normed top layer, (n, H).
+    """
+
+    def __init__(self, layers: Sequence[torch.Tensor], rows: slice | torch.Tensor):
+        self.layers, self.rows = layers, rows
+        self.cut: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self))[index])
+        index = range(len(self))[index]  # negative indices count from the top; out of range raises IndexError
+        if index not in self.cut:
+            self.cut[index] = self.layers[index][0, self.rows]
+        return self.cut[index]
 
 
 @dataclass
@@ -37,7 +64,8 @@ class DecodeState:
     prompt_length: how many of `tokens` are the prompt; sampling: the settings applied to p and q alike;
     generator: the run's random source; hidden_states: per target layer (embeddings first, final-norm
     output last), the hidden states of the positions the last target forward accepted (only for drafters
-    with `needs_hidden_states`; for a tree draft, the rows of the root and then of the accepted path);
+    with `needs_hidden_states`; for a tree draft, the rows of the root and then of the accepted path), indexed
+    like a tuple (a `LayerRows`, which cuts a layer's rows out when it is read);
     accepted_path: after a tree draft, the accepted node indices (root's child first), else None;
     extra_logits: after a draft with extra rows, the target's logits at those rows (m, V), else None.
     """
@@ -48,7 +76,7 @@ class DecodeState:
     generator: torch.Generator
     device: torch.device
     target: torch.nn.Module
-    hidden_states: tuple[torch.Tensor, ...] | None = None
+    hidden_states: Sequence[torch.Tensor] | None = None
     accepted_path: list[int] | None = None
     extra_logits: torch.Tensor | None = None
 
