@@ -55,3 +55,16 @@ def test_loop_positions_agree_with_the_degeneracy_measure():
         row[start : start + len(cycle)] = cycle[: 40 - start]
         tokens = row.tolist()
         assert loop_positions(row[None], LOOP_MIN_TOKENS)[0].any().item() == is_degenerate(tokens)
+
+
+def test_a_statement_written_three_times_in_a_row_repeats_itself():
+    import torch
+
+    from specdec_lab.train.quality import loop_positions, repeats_itself
+
+    line = [11, 12, 13, 14, 15, 16, 17]  # e.g. "self.items.append(item)\n": a cycle longer than 4 tokens
+    assert not is_degenerate([1, 2] + line * 3) and repeats_itself([1, 2] + line * 3)
+    assert not repeats_itself([1, 2] + line * 2 + [3])  # twice is not yet a loop
+    marked = loop_positions(torch.tensor([line * 3]), 8, max_period=32, copies=2)[0]
+    assert marked.tolist() == [False] * 14 + [True] * 7  # the third copy, from its first token
+    assert not repeats_itself([]) and not repeats_itself(list(range(40)))

@@ -14,7 +14,13 @@ import torch
 
 from specdec_lab.train.corpus import heldout_prompts, load_corpus
 from specdec_lab.train.lm import tokenize_stream
-from specdec_lab.train.quality import LOOP_MIN_TOKENS, first_statement_parses, is_degenerate
+from specdec_lab.train.quality import (
+    LOOP_MIN_TOKENS,
+    REPEAT_MAX_PERIOD,
+    first_statement_parses,
+    is_degenerate,
+    repeats_itself,
+)
 from specdec_lab.train.zoo import SELECTION_PROMPTS, record_result
 
 # The fixed validation windows on which the card's loss is measured (and a test re-measures it).
@@ -71,7 +77,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
     draft_loss = validation_loss(pair.draft, windows)
     target_ms, draft_ms = forward_milliseconds(pair.target), forward_milliseconds(pair.draft)
     texts = heldout_prompts(prompts)
-    parsed, looping, drafted, accepted, new_tokens, forwards, same = 0, 0, 0, 0, 0, 0, 0
+    parsed, looping, repeating, drafted, accepted, new_tokens, forwards, same = 0, 0, 0, 0, 0, 0, 0, 0
     samples, first_prompts = [], None
     started = time.time()
     for i, text in enumerate(texts):
@@ -82,6 +88,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
         completion = pair.tokenizer.decode(plain.tokens)
         parsed += first_statement_parses(text, completion)
         looping += is_degenerate(plain.tokens)
+        repeating += repeats_itself(plain.tokens)
         same += spec.tokens == plain.tokens
         drafted += spec.stats.drafted
         accepted += spec.stats.accepted
@@ -101,6 +108,7 @@ def evaluate_zoo(zoo_dir: str | Path, prompts: int = 100, max_new_tokens: int = 
         "max_new_tokens": max_new_tokens,
         "first_statement_parses": round(parsed / len(texts), 3),
         "degenerate_share": round(looping / len(texts), 3),
+        "repeat_share": round(repeating / len(texts), 3),
         "k": k,
         "greedy_acceptance_rate": round(accepted / drafted, 3),
         "greedy_tau": round(new_tokens / forwards, 3),
@@ -296,7 +304,9 @@ def loop_unlikelihood_lines(recipe: dict, target: dict) -> list[str]:
         f"{before['selection_first_statement_parses']:.0%} (pre-training, step {before.get('step', '?')}) to "
         f"{after['selection_degenerate_share']:.0%} and {after['selection_first_statement_parses']:.0%} (step "
         f"{after.get('step', tune['steps'])} of {tune['steps']}), at a validation loss of {before['val_loss']:.3f} "
-        f"then {after['val_loss']:.3f} nats on the phases' own windows.{reused}",
+        f"then {after['val_loss']:.3f} nats on the phases' own windows"
+        + (f"; {after['selection_repeat_share']:.0%} of the kept weights' completions write a statement or two "
+           "three times in a row" if "selection_repeat_share" in after else "") + f".{reused}",
     ]
 
 
@@ -420,6 +430,8 @@ def write_model_card(zoo_dir: str | Path) -> Path:
         f"- the target's first complete statement or block parses with `ast`: {ev['first_statement_parses']:.0%}",
         *([f"- completions that loop (one token, or one cycle of 2 to 4 tokens, repeated over {LOOP_MIN_TOKENS} "
            f"tokens or more): {ev['degenerate_share']:.0%}"] if "degenerate_share" in ev else []),
+        *([f"- completions that write one stretch of up to {REPEAT_MAX_PERIOD} tokens (a statement or two) three "
+           f"times in a row: {ev['repeat_share']:.0%}"] if "repeat_share" in ev else []),
         f"- draft greedy acceptance rate at k = {ev['k']}: {ev['greedy_acceptance_rate']:.3f}; "
         f"tau (tokens per target forward, bonus included): {ev['greedy_tau']:.2f}",
         f"- speculative output identical to plain greedy decoding: {ev['speculative_equals_plain']} prompts",

@@ -18,6 +18,9 @@ import torch
 # or one cycle of 2 to 4 tokens.
 LOOP_MIN_TOKENS = 12
 LOOP_MAX_PERIOD = 4
+# It repeats itself when it writes one stretch of up to this many tokens (a line or two of code) three times
+# in a row, over LOOP_MIN_TOKENS tokens or more: a loop of whole statements, which the short cycles above miss.
+REPEAT_MAX_PERIOD = 32
 
 
 def first_statement_parses(prompt: str, completion: str) -> bool:
@@ -56,13 +59,16 @@ def longest_loop(tokens: Sequence[int], max_period: int = LOOP_MAX_PERIOD) -> in
     return best
 
 
-def loop_positions(tokens: torch.Tensor, min_tokens: int, max_period: int = LOOP_MAX_PERIOD) -> torch.Tensor:
+def loop_positions(tokens: torch.Tensor, min_tokens: int, max_period: int = LOOP_MAX_PERIOD,
+                   copies: int = 1) -> torch.Tensor:
     """Which tokens of each row continue a loop that is already `min_tokens` long, counting the token itself.
 
-    tokens: (rows, length) ids. Returns a bool tensor of the same shape: True where the stretch of one repeated
-    cycle of 1 to `max_period` tokens ending at that token (as `longest_loop` measures it) holds at least
-    `min_tokens` tokens. A row is degenerate at `min_tokens` (`is_degenerate`) exactly when one of its tokens is
-    marked. The loop unlikelihood fine-tune (`train.unlikelihood`) penalises the marked tokens.
+    tokens: (rows, length) ids; copies: how many whole cycles must come before the marked token (1: it repeats
+    the cycle once; 2: it begins or continues a third copy). Returns a bool tensor of the same shape: True where
+    the stretch of one repeated cycle of p <= `max_period` tokens ending at that token (as `longest_loop`
+    measures it) holds at least `min_tokens` tokens and more than `copies` x p. A row is degenerate at
+    `min_tokens` (`is_degenerate`) exactly when one of its tokens is marked with the defaults. The loop
+    unlikelihood fine-tune (`train.unlikelihood`) penalises the marked tokens.
     """
     rows, length = tokens.shape
     marked = torch.zeros(rows, length, dtype=torch.bool, device=tokens.device)
@@ -72,7 +78,7 @@ def loop_positions(tokens: torch.Tensor, min_tokens: int, max_period: int = LOOP
         run = torch.zeros(rows, dtype=torch.long, device=tokens.device)  # tokens so far equal to `period` back
         for i in range(period, length):
             run = (run + 1) * repeats[:, i]
-            marked[:, i] |= (run > 0) & (run + period >= min_tokens)
+            marked[:, i] |= (run > (copies - 1) * period) & (run + period >= min_tokens)
     return marked
 
 
@@ -81,22 +87,33 @@ def is_degenerate(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> b
     return longest_loop(tokens) >= min_tokens
 
 
+def repeats_itself(tokens: Sequence[int]) -> bool:
+    """Whether `tokens` write one stretch of up to REPEAT_MAX_PERIOD tokens three times in a row (over
+    LOOP_MIN_TOKENS tokens or more): a statement or two written again and again."""
+    if not tokens:
+        return False
+    row = torch.tensor([list(tokens)])
+    return bool(loop_positions(row, LOOP_MIN_TOKENS, REPEAT_MAX_PERIOD, copies=2).any())
+
+
 @torch.no_grad()
 def text_quality(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 64) -> dict:
     """Greedy-complete each prompt with `model` and measure the completions.
 
     Returns `first_statement_parses` (share whose first statement parses after the prompt),
-    `degenerate_share` (share holding a loop, see `is_degenerate`) and `clean_share` (share that parses and
-    does not loop: what weights are selected by, since an early model parses by writing little, and a looping
-    one can parse too), all over `len(prompts)` prompts.
+    `degenerate_share` (share holding a loop, see `is_degenerate`), `repeat_share` (share that writes a
+    statement or two three times in a row, see `repeats_itself`) and `clean_share` (share that parses and does
+    neither: what weights are selected by, since an early model parses by writing little, and a looping one
+    can parse too), all over `len(prompts)` prompts.
     """
     import specdec_lab as sd
 
-    parsed = looping = clean = 0
+    counts = {"first_statement_parses": 0, "degenerate_share": 0, "repeat_share": 0, "clean_share": 0}
     for text in prompts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         tokens = sd.generate(model, ids, max_new_tokens=max_new_tokens).tokens
-        parses, loops = first_statement_parses(text, tokenizer.decode(tokens)), is_degenerate(tokens)
-        parsed, looping, clean = parsed + parses, looping + loops, clean + (parses and not loops)
-    return {"first_statement_parses": round(parsed / len(prompts), 3),
-            "degenerate_share": round(looping / len(prompts), 3), "clean_share": round(clean / len(prompts), 3)}
+        parses, loops, repeats = (first_statement_parses(text, tokenizer.decode(tokens)), is_degenerate(tokens),
+                                  repeats_itself(tokens))
+        for key, hit in zip(counts, (parses, loops, repeats, parses and not loops and not repeats), strict=True):
+            counts[key] += hit
+    return {key: round(count / len(prompts), 3) for key, count in counts.items()}

@@ -105,8 +105,10 @@ class LoopUnlikelihood:
     which each step draws; prompts_per_step: prompts the model completes greedily at each step; new_tokens: tokens per
     completion; max_prompt_tokens: prompts are cut to their last this many tokens; min_loop_tokens: a completion
     token is pushed down when it carries a loop (one token, or a cycle of 2 to 4) to this many tokens or more;
-    weight: the unlikelihood loss's weight beside the next-token loss; run: optimiser settings (its batch shape
-    is the corpus batch of the next-token loss).
+    max_loop_period / loop_copies: the loops so treated are cycles of up to this many tokens, from the token
+    after this many whole copies of the cycle (4 / 1: the short loops above; 32 / 2: also a statement or two
+    written a third time in a row, see `quality.repeats_itself`); weight: the unlikelihood loss's weight beside
+    the next-token loss; run: optimiser settings (its batch shape is the corpus batch of the next-token loss).
     """
 
     prompt_pool: int = 8192
@@ -114,6 +116,8 @@ class LoopUnlikelihood:
     new_tokens: int = 64
     max_prompt_tokens: int = 160
     min_loop_tokens: int = 8
+    max_loop_period: int = 4
+    loop_copies: int = 1
     weight: float = 1.0
     run: RunConfig = field(default_factory=lambda: RunConfig(steps=200, lr=3e-4, warmup_steps=20, eval_every=50,
                                                              select_by="selection_clean_share"))

@@ -8,8 +8,9 @@ Generation with Unlikelihood Training", ICLR 2020): the model completes prompts 
 completions that carries a loop gets the loss -log(1 - p(token | prefix)), which pushes that token's
 probability down; the usual next-token loss on the corpus, in the same step, keeps what the model knows.
 
-Only tokens that carry a loop past `min_loop_tokens` tokens are penalised (`quality.loop_positions`), so the
-ordinary repetition of code (a name used twice, a closing bracket after another) is left alone.
+Only tokens that carry a loop past `min_loop_tokens` tokens are penalised (`quality.loop_positions`): a short
+cycle, or, where the recipe asks, a statement or two begun a third time in a row; the ordinary repetition of
+code (a name used twice, a closing bracket after another, two similar lines) is left alone.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def unlearn_loops(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, t
                               generator=torch.Generator().manual_seed(seed + 7))
         ids, mask, width = greedy_completions(model, tokenizer, [prompts[i] for i in picks.tolist()], settings)
         completion = ids[:, width:]
-        marked = loop_positions(completion, settings.min_loop_tokens) & before_end(completion, tokenizer.eos_token_id)
+        loops = loop_positions(completion, settings.min_loop_tokens, settings.max_loop_period, settings.loop_copies)
+        marked = loops & before_end(completion, tokenizer.eos_token_id)
         return likelihood + settings.weight * unlikelihood_loss(forward, ids, mask, width, marked)
 
     def evaluate() -> dict:
