@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec_lab import Draft, Drafter, DraftModelDrafter, PromptLookupDrafter, generate
@@ -124,3 +125,17 @@ def test_the_interface_is_small_enough_for_a_custom_drafter(tiny_target, prompts
     assert drafter.started == 1 and drafter.commits == out.stats.accepted_per_step
     sampled = generate(tiny_target, prompts[5], drafter=RepeatLast(), max_new_tokens=16, temperature=1.0, seed=0)
     assert len(sampled.tokens) == 16
+
+
+def test_layer_rows_read_like_a_tuple_of_the_kept_rows_and_cut_only_the_layers_read():
+    from specdec_lab.drafters.base import LayerRows
+
+    layers = tuple(torch.arange(12.0).reshape(1, 6, 2) + 100 * i for i in range(4))
+    rows = LayerRows(layers, slice(1, 3))
+    assert len(rows) == 4 and torch.equal(rows[-1], layers[3][0, 1:3]) and torch.equal(rows[0], layers[0][0, 1:3])
+    assert [t.shape for t in rows[1:3]] == [(2, 2), (2, 2)] and len(list(rows)) == 4
+    assert set(rows.cut) == {0, 1, 2, 3}
+    gathered = LayerRows(layers, torch.tensor([0, 4, 5]))
+    assert torch.equal(gathered[2], layers[2][0, [0, 4, 5]]) and set(gathered.cut) == {2}  # only what was read
+    with pytest.raises(IndexError):
+        gathered[4]
