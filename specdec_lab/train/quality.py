@@ -102,9 +102,9 @@ def text_quality(model, tokenizer, prompts: Sequence[str], max_new_tokens: int =
 
     Returns `first_statement_parses` (share whose first statement parses after the prompt),
     `degenerate_share` (share holding a loop, see `is_degenerate`), `repeat_share` (share that writes a
-    statement or two three times in a row, see `repeats_itself`) and `clean_share` (share that parses and does
-    neither: what weights are selected by, since an early model parses by writing little, and a looping one
-    can parse too), all over `len(prompts)` prompts.
+    statement or two three times in a row, see `repeats_itself`: reported, not selected by) and `clean_share`
+    (share that parses and does not loop: what weights are selected by, since an early model parses by writing
+    little, and a looping one can parse too), all over `len(prompts)` prompts.
     """
     import specdec_lab as sd
 
@@ -114,6 +114,6 @@ def text_quality(model, tokenizer, prompts: Sequence[str], max_new_tokens: int =
         tokens = sd.generate(model, ids, max_new_tokens=max_new_tokens).tokens
         parses, loops, repeats = (first_statement_parses(text, tokenizer.decode(tokens)), is_degenerate(tokens),
                                   repeats_itself(tokens))
-        for key, hit in zip(counts, (parses, loops, repeats, parses and not loops and not repeats), strict=True):
+        for key, hit in zip(counts, (parses, loops, repeats, parses and not loops), strict=True):
             counts[key] += hit
     return {key: round(count / len(prompts), 3) for key, count in counts.items()}
