@@ -148,7 +148,7 @@ def run_train_stage(stage: str, recipe: str, workdir: str, max_minutes: float | 
     else:
         from specdec_lab.train.zoo import run_stage
 
-        result = run_stage(stage, recipe, workdir, max_minutes, pretrained if stage in ("target", "draft") else None)
+        result = run_stage(stage, recipe, workdir, max_minutes, pretrained)
     print(f"{stage}: {result}")
     return result
 
@@ -157,6 +157,9 @@ def cmd_train(args) -> None:
     from specdec_lab.models import zoo_path
 
     recipe = args.recipe or str(zoo_path() / "recipe.json")
+    if args.pretrained and args.stage not in ("target", "draft"):
+        raise SystemExit(f"--pretrained starts the target or the draft stage from an exported model; "
+                         f"it has no meaning for {args.stage!r}")
     if args.write_carry:
         from specdec_lab.train.zoo import carry_folder, write_stage_carry
 

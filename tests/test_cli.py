@@ -121,3 +121,8 @@ def test_sweep_runs_a_tiny_setting_and_writes_its_figure(saved_models, tmp_path,
 def test_sweep_refuses_an_unknown_method(saved_models):
     with pytest.raises(SystemExit, match="unknown method"):
         main(["sweep", "--methods", "warp", "--target", str(saved_models / "target")])
+
+
+def test_pretrained_is_refused_for_a_stage_it_cannot_start(tmp_path):
+    with pytest.raises(SystemExit, match="has no meaning for 'medusa'"):
+        main(["train", "medusa", "--pretrained", str(tmp_path), "--workdir", str(tmp_path)])

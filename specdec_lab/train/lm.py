@@ -84,17 +84,23 @@ def pretrain_target(model: LlamaForCausalLM, train_stream: torch.Tensor, val_str
     """
     val = fixed_eval_batches(val_stream, run)
     forward = training_forward(model, run)
+    return train(model, lambda step: next_token_loss(forward, train_stream, run, step),
+                 lambda: target_evaluation(model, val, quality), run, workdir, "target", max_minutes, carry)
 
-    def loss_on_batch(step: int) -> torch.Tensor:
-        batch = sample_batch(train_stream, run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
-        logits = forward(batch[:, :-1]).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
 
-    def evaluate() -> dict:
-        loss = mean_loss(model, val)
-        return {"val_loss": loss, "val_ppl": math.exp(loss), **(quality(model) if quality else {})}
+def next_token_loss(forward: Callable, stream: torch.Tensor, run: RunConfig, step: int) -> torch.Tensor:
+    """The next-token cross-entropy of training step `step` on a batch of `stream` drawn from the step number
+    (so a resumed run sees the same data); forward: the model's training forward."""
+    batch = sample_batch(stream, run.batch_size, run.seq_len, run.seed * 1_000_003 + step)
+    logits = forward(batch[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
 
-    return train(model, loss_on_batch, evaluate, run, workdir, "target", max_minutes, carry)
+
+def target_evaluation(model: LlamaForCausalLM, val: list[torch.Tensor],
+                      quality: Callable[[LlamaForCausalLM], dict] | None) -> dict:
+    """A target phase's evaluation: validation loss and perplexity on `val`, plus `quality`'s figures."""
+    loss = mean_loss(model, val)
+    return {"val_loss": loss, "val_ppl": math.exp(loss), **(quality(model) if quality else {})}
 
 
 def teacher_forward(target: LlamaForCausalLM, run: RunConfig, ids: torch.Tensor, **kwargs):

@@ -32,16 +32,13 @@ def complete_prompts(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBas
     that keeps the batches finished so far (rewritten whole after each batch), so that a run interrupted after
     hours on a CPU resumes where it stopped instead of starting over. It is left in place; the caller removes it.
     """
-    tokenizer = copy.copy(tokenizer)  # pad and cut on the left: completions must follow the prompt's end
-    tokenizer.padding_side = tokenizer.truncation_side = "left"
     eos = tokenizer.eos_token_id
     key = progress_key(prompts, settings)
     done, stream = resumed(partial, key)
     batches = range(done, len(prompts), settings.batch_size)
     for start in tqdm(batches, desc="target outputs", dynamic_ncols=True, initial=done // settings.batch_size,
                       total=done // settings.batch_size + len(batches)):
-        batch = tokenizer(prompts[start : start + settings.batch_size], return_tensors="pt", padding=True,
-                          truncation=True, max_length=settings.max_prompt_tokens, add_special_tokens=False)
+        batch = left_padded_batch(tokenizer, prompts[start : start + settings.batch_size], settings.max_prompt_tokens)
         batch = batch.to(target.device)  # the prompts go where the target is (a GPU, when it trains there)
         out = target.generate(**batch, max_new_tokens=settings.new_tokens, do_sample=False, pad_token_id=eos)
         for row, mask in zip(out.tolist(), batch["attention_mask"].tolist(), strict=True):
@@ -54,6 +51,15 @@ def complete_prompts(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBas
             save_whole({"key": key, "done": start + settings.batch_size, "stream": torch.tensor(stream,
                         dtype=torch.int32)}, partial)
     return torch.tensor(stream, dtype=torch.int32)
+
+
+def left_padded_batch(tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_tokens: int):
+    """`prompts` tokenised for batched generation: padded and cut on the left (to their last `max_tokens`
+    tokens), so that every completion follows its prompt's end in the same column."""
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.padding_side = tokenizer.truncation_side = "left"
+    return tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_tokens,
+                     add_special_tokens=False)
 
 
 def progress_key(prompts: list[str], settings: TargetOutputs) -> str:

@@ -15,8 +15,6 @@ code (a name used twice, a closing bracket after another, two similar lines) is 
 
 from __future__ import annotations
 
-import copy
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from specdec_lab.train.lm import fixed_eval_batches, mean_loss, sample_batch
+from specdec_lab.train.lm import fixed_eval_batches, next_token_loss, target_evaluation
 from specdec_lab.train.loop import train, training_forward
 from specdec_lab.train.quality import loop_positions
 from specdec_lab.train.recipe import LoopUnlikelihood
+from specdec_lab.train.target_outputs import left_padded_batch
 
 
 @torch.no_grad()
@@ -38,10 +37,7 @@ def greedy_completions(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBa
     Prompts are padded and cut on the left (to `settings.max_prompt_tokens`), so every completion starts at the
     same column. Returns (ids (rows, prompt width + new tokens), attention mask of the same shape, prompt width).
     """
-    tokenizer = copy.copy(tokenizer)
-    tokenizer.padding_side = tokenizer.truncation_side = "left"
-    batch = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
-                      max_length=settings.max_prompt_tokens, add_special_tokens=False).to(model.device)
+    batch = left_padded_batch(tokenizer, prompts, settings.max_prompt_tokens).to(model.device)
     was_training = model.training
     model.eval()
     ids = model.generate(**batch, max_new_tokens=settings.new_tokens, do_sample=False,
@@ -91,20 +87,14 @@ def unlearn_loops(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, t
     forward = training_forward(model, run)
 
     def loss_on_batch(step: int) -> torch.Tensor:
-        seed = run.seed * 1_000_003 + step
-        batch = sample_batch(train_stream, run.batch_size, run.seq_len, seed)
-        logits = forward(batch[:, :-1]).logits
-        likelihood = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+        likelihood = next_token_loss(forward, train_stream, run, step)
         picks = torch.randint(0, len(prompts), (settings.prompts_per_step,),
-                              generator=torch.Generator().manual_seed(seed + 7))
+                              generator=torch.Generator().manual_seed(run.seed * 1_000_003 + step + 7))
         ids, mask, width = greedy_completions(model, tokenizer, [prompts[i] for i in picks.tolist()], settings)
         completion = ids[:, width:]
         loops = loop_positions(completion, settings.min_loop_tokens, settings.max_loop_period, settings.loop_copies)
         marked = loops & before_end(completion, tokenizer.eos_token_id)
         return likelihood + settings.weight * unlikelihood_loss(forward, ids, mask, width, marked)
 
-    def evaluate() -> dict:
-        loss = mean_loss(model, val)
-        return {"val_loss": loss, "val_ppl": math.exp(loss), **(quality(model) if quality else {})}
-
-    return train(model, loss_on_batch, evaluate, run, workdir, "target-tune", max_minutes, carry)
+    return train(model, loss_on_batch, lambda: target_evaluation(model, val, quality), run, workdir,
+                 "target-tune", max_minutes, carry)

@@ -244,7 +244,9 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
         phase_two["steps"] += result["steps"]
         for key in ("train_seconds", "compute_seconds"):
             phase_two[key] = round(phase_two[key] + result[key], 1)
-        result = phase_two | {key: result[key] for key in ("pretrained_from",) if key in result}
+        if pretrained is not None:
+            phase_two["pretrained_from"] = result["pretrained_from"]
+        result = phase_two
         if checks:
             second = "corpus, then target outputs" if pretrained is None else "then target outputs of this target"
             acceptance[second] = heldout_acceptance(target, draft, tokenizer, checks)
@@ -258,8 +260,6 @@ def pretrained_record(folder: Path, stage: str = "target") -> dict:
     """Where an exported model that a run starts from came from: its zoo's name, its weights' digest, and its
     training record (its stage's entry of the training.json beside it)."""
     record = dict(json.loads((folder.parent / "training.json").read_text())[stage])
-    if "loop_unlikelihood" in record:
-        raise ValueError(f"{folder} was fine-tuned against its loops already: give a target that was only pre-trained")
     zoo_name = json.loads((folder.parent / "recipe.json").read_text())["name"]
     return {"zoo": zoo_name, "digest": folder_digest(folder), "record": record}
 
@@ -298,6 +298,9 @@ def train_target(recipe: ZooRecipe, zoo_dir: Path, workdir: Path, tokenizer,
         load_best(model, result, phase_workdir(zoo_dir, workdir, "target"))
     else:
         origin = pretrained_record(Path(pretrained))
+        if "loop_unlikelihood" in origin["record"]:
+            raise ValueError(f"{pretrained} was fine-tuned against its loops already: give a target that was only "
+                             "pre-trained")
         model, result = load_pretrained(Path(pretrained), recipe.target), origin.pop("record")
         result |= {"pretrained_from": origin, "finished": True}
     if tune is None:
@@ -318,7 +321,8 @@ def run_stage(stage: str, recipe_path: str | Path, workdir: str | Path, max_minu
 
     recipe_path: the recipe JSON (its folder is the zoo folder); workdir: scratch space for checkpoints,
     logs and token caches; max_minutes: pause (checkpointed) after this long, to resume with the same call;
-    pretrained: for the target stage, an exported target to take as its pre-training (see `train_target`).
+    pretrained: for the target and draft stages, an exported model to start from (see `train_target`,
+    `train_draft`).
     """
     if stage == "mtp":  # a head stage: its module imports this one, hence the late import
         from specdec_lab.train.mtp import run_mtp_stage
