@@ -105,17 +105,21 @@ def hf_compiled_runner(context: BenchContext) -> Runner:
     """`hf-generate-compiled`: the target's own `generate` over transformers' static cache with its forward
     compiled (transformers compiles on its own only on accelerators; `_compile_all_devices` asks for it on a
     CPU too). The static cache is sized like ours (`CachePlan.static_length`), so both compiled rows attend
-    over the same preallocated length. Runs under `--compile`, or when asked for by name."""
+    over the same preallocated length, and off CUDA both use inductor's C++ wrapper. Runs under `--compile`, or
+    when asked for by name."""
     from transformers.generation import CompileConfig
 
     from specdec_lab.cache import CachePlan
+    from specdec_lab.forward import WRAPPER_OPTIONS
 
     config = context.config
     if not config.compile and "hf-generate-compiled" not in (config.methods or []):
         raise MethodUnavailable("compiles on first use (minutes on a small CPU): ask for it (--compile, or "
                                 "--methods ...,hf-generate-compiled)")
     device = next(context.pair.target.parameters()).device
-    compile_config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default")
+    on_cuda = device.type == "cuda"
+    compile_config = CompileConfig(mode="reduce-overhead" if on_cuda else None,
+                                   options=None if on_cuda else WRAPPER_OPTIONS)
     compile_config._compile_all_devices = True
 
     def run(ids: list[int], seed: int) -> RunResult:
