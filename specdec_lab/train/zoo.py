@@ -248,7 +248,7 @@ def train_draft(recipe: ZooRecipe, draft: LlamaForCausalLM, zoo_dir: Path, workd
             phase_two["pretrained_from"] = result["pretrained_from"]
         result = phase_two
         if checks:
-            second = "corpus, then target outputs" if pretrained is None else "then target outputs of this target"
+            second = "corpus, then target outputs" if pretrained is None else "the outputs of this target"
             acceptance[second] = heldout_acceptance(target, draft, tokenizer, checks)
     if acceptance:
         result["acceptance_after_phase"] = {"prompts": checks, "k": PHASE_CHECK_K,
