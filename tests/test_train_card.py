@@ -20,11 +20,12 @@ def card_for(tmp_path, edit) -> str:
 
 
 def test_training_time_leaves_out_the_hours_a_job_sat_paused(tmp_path):
-    def paused_for_three_hours(record):
+    def paused_for_hours(record):  # both of the target's phases: pre-training, then the loop phase
         record["target"].update(train_seconds=4000 + 3 * 3600, compute_seconds=4000)
+        record["target"]["loop_unlikelihood"].update(train_seconds=1000 + 3600, compute_seconds=1000)
 
-    card = card_for(tmp_path, paused_for_three_hours)
-    assert "| training time | 67 min |" in card and "median step" in card
+    card = card_for(tmp_path, paused_for_hours)
+    assert "| training time | 83 min |" in card and "median step" in card
 
 
 def test_the_draft_phases_acceptance_is_printed_as_measured(tmp_path):
@@ -102,4 +103,8 @@ def test_a_target_fine_tuned_against_its_loops_says_what_the_phase_changed(tmp_p
     assert f"| training time | {record['target']['compute_seconds'] / 60 + 10:.0f} min |" in card
     assert "| hardware | CPU: x86_64, 2 threads, then CUDA: a GPU |" in card
     assert "the target of `stdlib-14m-r2`" in card
-    assert "loop unlikelihood" not in card_for(tmp_path, lambda record: None)
+    recipe.pop("target_tune")
+    record["target"].pop("loop_unlikelihood")
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    (tmp_path / "training.json").write_text(json.dumps(record))
+    assert "loop unlikelihood" not in write_model_card(tmp_path).read_text()  # a target trained in one phase
