@@ -330,8 +330,8 @@ def measure_heads(prompts: int = 20, max_new_tokens: int = 64, depth: int = 5, t
     so load on the machine hits them alike: plain decoding, the draft model (k in `draft_ks`: equal
     verification budgets), the EAGLE-1 head as a chain (depth) and as trees of each size in `budgets`
     (tree_depth, top_k, rank_temperature: see `EagleDrafter`; None = each head's fitted value), and the
-    other heads (EAGLE-3, the vLLM-layout EAGLE-1) as chains and as trees of `variant_budgets`. Reports tau, tokens/s, speed-up over plain
-    (ratio of summed times) and greedy equality with plain decoding.
+    other heads (EAGLE-3, the vLLM-layout EAGLE-1) as chains and as trees of `variant_budgets`. Reports tau,
+    tokens/s, speed-up over plain (ratio of summed times) and greedy equality with plain decoding.
     """
     from transformers import AutoTokenizer
 
@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tree-depth", type=int, default=6, help="EAGLE-2 tree depth (default: 6)")
     parser.add_argument("--top-k", type=int, default=8, help="EAGLE-2 children per node (default: 8)")
     parser.add_argument("--budgets", default="8,16,24,32,48", help="EAGLE-1 tree sizes to sweep (total_tokens)")
-    parser.add_argument("--variant-budgets", default="16,32", help="tree sizes for the other heads: EAGLE-3, eagle-vllm (total_tokens)")
+    parser.add_argument("--variant-budgets", default="16,32",
+                        help="tree sizes for the other heads: EAGLE-3, eagle-vllm (total_tokens)")
     parser.add_argument("--draft-ks", default="5,16", help="draft-model chain lengths (default: 5,16)")
     parser.add_argument("--rank-temperature", type=float, default=None,
                         help="EAGLE-2 ranks tree nodes by log-softmax(logits / this) (default: each head's fitted "
