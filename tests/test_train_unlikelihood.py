@@ -97,7 +97,7 @@ def test_the_draft_stage_can_start_its_second_phase_from_another_zoos_draft(tmp_
     assert result["steps"] == 2 and result["pretrained_from"]["zoo"] == "previous-zoo"  # the second phase only
     assert result["tokens_seen"] == 1000 + 2 * 2 * 16
     assert list(result["acceptance_after_phase"]["phases"]) == ["the draft of previous-zoo, as it was",
-                                                                "then target outputs of this target"]
+                                                                "the outputs of this target"]
     assert draft_runs(json.loads((zoo / "recipe.json").read_text()), result).startswith("the draft of `previous-zoo`")
     assert "(7 steps, 2 min on GPU" in pretrained_draft_line(result)[0]
     recipe.draft_tune_run = None
