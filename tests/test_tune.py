@@ -23,6 +23,7 @@ from specdec_lab.tune import (
     choose,
     load_profile,
     one_branch_tree,
+    run_calibration,
     step_overhead,
     tune,
     tuned_settings,
@@ -171,3 +172,26 @@ def test_the_tree_method_can_fall_back_to_the_chain_it_contains():
     assert choose(trees, flat)["eagle-tree"] is bushy
     best_chain = choose(chain, steep)["eagle"]
     assert choose(trees, steep)["eagle-tree"].predicted_tokens_per_second == best_chain.predicted_tokens_per_second
+
+
+def test_compiled_calibration_times_only_runs_after_an_untimed_compiling_pass(monkeypatch):
+    import specdec_lab.decode as decode
+    from specdec_lab.stats import DecodeStats
+
+    calls = []
+
+    def fake_generate(target, ids, **settings):  # the first run of each prompt "compiles": 10 s of drafting
+        compiling = ids not in [seen for seen, _ in calls]
+        calls.append((ids, settings["compile"]))
+        stats = DecodeStats(accepted_per_step=[2], drafted=3, draft_seconds=10.0 if compiling else 0.001,
+                            total_seconds=10.0 if compiling else 0.004)
+        return decode.GenerationOutput([], stats, "max_new_tokens")
+
+    monkeypatch.setattr(decode, "generate", fake_generate)
+    prompts = [[1, 2], [3, 4]]
+    compiled = run_calibration(None, prompts, lambda: None, 8, 0.0, compile=True)
+    assert len(calls) == 4 and compiled["steps"] == 2
+    assert compiled["draft_seconds"] == pytest.approx(0.002)
+    calls.clear()
+    eager = run_calibration(None, prompts, lambda: None, 8, 0.0, compile=False)
+    assert len(calls) == 2 and eager["draft_seconds"] == pytest.approx(20.0)  # eager runs are timed at once
