@@ -181,8 +181,8 @@ def test_compiled_calibration_times_only_runs_after_an_untimed_compiling_pass(mo
     calls = []
 
     def fake_generate(target, ids, **settings):  # the first run of each prompt "compiles": 10 s of drafting
-        compiling = ids not in [seen for seen, _ in calls]
-        calls.append((ids, settings["compile"]))
+        compiling = ids not in calls
+        calls.append(ids)
         stats = DecodeStats(accepted_per_step=[2], drafted=3, draft_seconds=10.0 if compiling else 0.001,
                             total_seconds=10.0 if compiling else 0.004)
         return decode.GenerationOutput([], stats, "max_new_tokens")
