@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec_lab.cache import new_cache, truncate
+from specdec_lab.half_weights import half_weight_bytes
 from specdec_lab.theory import weight_streaming_seconds
 
 if TYPE_CHECKING:
@@ -65,12 +66,20 @@ def weight_bytes(model: torch.nn.Module) -> int:
 def decode_floor(model: torch.nn.Module, bandwidth: dict) -> dict:
     """The bandwidth floor of one plain decode step of `model`: its weight bytes over the measured read
     bandwidth (`memory_bandwidth`), in ms, and the tokens/s that floor allows. A model that fits in the CPU's
-    last-level cache can beat it (its weights need not come from main memory every step)."""
-    nbytes = weight_bytes(model)
-    parameters = sum(p.numel() for p in model.parameters())
-    floor_ms = 1e3 * weight_streaming_seconds(parameters, nbytes / parameters, bandwidth["read_gb_s"] * 1e9)
+    last-level cache can beat it (its weights need not come from main memory every step). Where compiled
+    forwards read float16 copies of the weights (`specdec_lab.half_weights`), the floor of those bytes too."""
+    floor = {**streaming_floor(weight_bytes(model), bandwidth), **bandwidth}
+    half = half_weight_bytes(model)
+    if half is not None:
+        floor["half"] = streaming_floor(half, bandwidth)
+    return floor
+
+
+def streaming_floor(nbytes: int, bandwidth: dict) -> dict:
+    """Reading `nbytes` of weights at the measured read bandwidth: MB, ms per step and the tokens/s it allows."""
+    floor_ms = 1e3 * weight_streaming_seconds(nbytes, 1, bandwidth["read_gb_s"] * 1e9)
     return {"weight_megabytes": round(nbytes / 1e6, 2), "floor_ms_per_token": round(floor_ms, 3),
-            "floor_tokens_per_second": round(1e3 / floor_ms, 1), **bandwidth}
+            "floor_tokens_per_second": round(1e3 / floor_ms, 1)}
 
 
 def median_forward_seconds(model, prefix: list[int], new_tokens: int, trials: int) -> float:

@@ -26,6 +26,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from specdec_lab.cache import cache_length, is_static, truncate
+from specdec_lab.half_weights import store_half_weights
 
 QUERY_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tokens per compiled forward (padded up to one of these)
 REUSE_FACTOR = 3  # a compiled width is reused for feeds down to a third of it, rather than compiling another
@@ -143,6 +144,8 @@ def compiled_forward(model: torch.nn.Module, mode: str | None, shape: tuple[int,
     `without_guards`."""
     compiled = model.__dict__.setdefault("_specdec_compiled", {})
     if mode not in compiled:
+        if mode is None:  # on CPU, a compiled forward reads float16 copies of float16-exact weights
+            store_half_weights(model)
         limits = torch._dynamo.config
         limits.recompile_limit = max(limits.recompile_limit, MIN_RECOMPILE_LIMIT)
         settings = {"mode": mode} if mode else {"options": WRAPPER_OPTIONS}

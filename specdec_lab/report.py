@@ -84,6 +84,12 @@ def describe_run(result: dict) -> list[str]:
                      f"{floor['floor_ms_per_token']:.2f} ms ({floor['floor_tokens_per_second']:.0f} tokens/s); "
                      "x floor = a plain row's time per token over that floor (below 1 when the weights fit in the "
                      "caches)")
+        if floor.get("half"):
+            half = floor["half"]
+            lines[-1] += (f"; our compiled forwards read float16 copies of the fp32 weights "
+                          f"({half['weight_megabytes']:.1f} MB, the same values), at least "
+                          f"{half['floor_ms_per_token']:.2f} ms "
+                          f"({half['floor_tokens_per_second']:.0f} tokens/s)")
     return lines
 
 

@@ -1,0 +1,82 @@
+"""Weights kept at half width, arithmetic in fp32: how a compiled CPU forward reads half the bytes, losslessly.
+
+A decode step reads every weight once, so on a CPU its time is the bytes of the weights over the memory
+bandwidth (`bench_costs.decode_floor`). The zoo ships its weights in float16 and the engine computes in fp32, so
+every fp32 weight it holds is a float16 number widened: storing the float16 copy and widening each weight as it
+is loaded gives the same products in fp32 from half the bytes (the zoo target's 55.6 MB of fp32 weights become
+27.8 MB, which mostly fit in a 32 MB last-level cache). Only the order of the fp32 sums differs, as between any
+two matrix-multiply kernels.
+
+`store_half_weights` gives every `nn.Linear` of a model whose fp32 weights are all exactly float16 numbers a
+float16 copy and a forward that, inside a compiled graph of at most `HALF_ROWS` tokens, multiplies through it:
+written as one broadcast product and sum per token, which inductor turns into a single C++ loop that loads each
+float16 weight once, widens it and multiplies it into every token's sum. Wider graphs (prefills, large trees)
+are compute-bound rather than bandwidth-bound and keep the fp32 matrix multiply, as does every eager call. A
+model with any weight that float16 cannot hold exactly is left as it is: that would change the model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Tokens per compiled forward up to which the float16 copy is used: each token's sum re-reads the weights from
+# the L1 cache, so past a few tokens the loop is bound by arithmetic and the fp32 matrix multiply (which keeps
+# blocks of weights in registers) is faster.
+HALF_ROWS = 8
+
+
+def exactly_half(weight: torch.Tensor) -> bool:
+    """Whether every value of fp32 `weight` is a float16 number (finite), so a float16 copy loses nothing."""
+    half = weight.to(torch.float16)
+    return bool(torch.isfinite(half).all()) and torch.equal(half.to(weight.dtype), weight)
+
+
+def half_linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)`: through the float16 copy inside a compiled inference graph of at most HALF_ROWS tokens (all
+    rows of a batch counted), else as usual (eager calls, training, wide graphs).
+
+    x: (..., in_features) activations in fp32."""
+    rows = x.numel() // x.shape[-1]
+    if not torch.compiler.is_compiling() or torch.is_grad_enabled() or rows > HALF_ROWS:
+        return F.linear(x, module.weight, module.bias)
+    weight = module.weight_half.to(x.dtype)  # widened as loaded: inductor fuses it into the loop below
+    flat = x.reshape(rows, x.shape[-1])
+    out = torch.cat([(flat[i : i + 1, None, :] * weight).sum(-1) for i in range(rows)])
+    out = out.reshape(*x.shape[:-1], weight.shape[0])
+    return out if module.bias is None else out + module.bias
+
+
+def half_exact_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The linear layers of `model` if all hold fp32 CPU weights that are float16 numbers, else none.
+
+    All or none: a partial copy would still be lossless, but a model trained in fp32 gains nothing from the
+    few layers that happen to fit."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in layers):
+        return []
+    with torch.inference_mode(False), torch.no_grad():
+        return layers if all(exactly_half(m.weight) for m in layers) else []
+
+
+def store_half_weights(model: torch.nn.Module) -> int:
+    """Give every linear layer of `model` a float16 copy of its weights (`weight_half`, a non-persistent buffer)
+    for its compiled forwards, if `half_exact_layers` allows; returns how many layers have one.
+
+    The copy is taken now: weights changed later (training) must be stored again."""
+    layers = half_exact_layers(model)
+    with torch.inference_mode(False), torch.no_grad():
+        for m in layers:
+            m.register_buffer("weight_half", m.weight.detach().to(torch.float16), persistent=False)
+            m.forward = half_linear_forward.__get__(m)
+    return len(layers)
+
+
+def half_weight_bytes(model: torch.nn.Module) -> int | None:
+    """Bytes a compiled one-token forward of `model` reads from its weights when its linear layers read float16
+    copies (a tied matrix counted once), or None when `half_exact_layers` finds none."""
+    layers = half_exact_layers(model)
+    if not layers:
+        return None
+    halved = {id(m.weight) for m in layers}
+    return sum(p.nbytes // 2 if id(p) in halved else p.nbytes for p in model.parameters())
