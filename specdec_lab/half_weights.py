@@ -4,8 +4,8 @@ A decode step reads every weight once, so on a CPU its time is the bytes of the 
 bandwidth (`bench_costs.decode_floor`). The zoo ships its weights in float16 and the engine computes in fp32, so
 every fp32 weight it holds is a float16 number widened: storing the float16 copy and widening each weight as it
 is loaded gives the same products in fp32 from half the bytes (the zoo target's 55.6 MB of fp32 weights become
-27.8 MB, small enough to sit mostly in a 32 MB last-level cache). Only the order of the fp32 sums differs, as between any
-two matrix-multiply kernels.
+27.8 MB, small enough to sit mostly in a 32 MB last-level cache). Only the order of the fp32 sums differs, as
+between any two matrix-multiply kernels.
 
 `store_half_weights` gives every `nn.Linear` of a model whose fp32 weights are all exactly float16 numbers a
 float16 copy and a forward that, inside a compiled graph of at most `HALF_ROWS` tokens, multiplies through it:
