@@ -40,10 +40,8 @@ def test_the_copy_is_stored_only_when_every_linear_weight_is_exact():
     everything = sum(p.numel() for p in model.parameters())
     assert half_weight_bytes(model) == 4 * everything - 2 * linear  # 2 bytes a linear weight, 4 for the rest
 
-    fp32_model = make_llama(vocab_size=64, hidden_size=16, num_layers=2, seed=5)
+    fp32_model = half_exact_llama()
     with torch.no_grad():  # all but one weight exact: the model is still left alone
-        for parameter in fp32_model.parameters():
-            parameter.copy_(parameter.half().float())
         fp32_model.lm_head.weight[0, 0] = 0.1
     assert store_half_weights(fp32_model) == 0
     assert not any(hasattr(m, "weight_half") for m in linear_layers(fp32_model))
