@@ -17,15 +17,59 @@ exactly is left as it is: that would change the model.
 
 from __future__ import annotations
 
+import functools
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
-# Tokens per compiled forward up to which the float16 copy is used. Each token adds its own loads and
-# multiply-adds for every weight (the loop is bound by instructions, not bytes, past one token: the zoo target's
-# compiled forward took 3.6, 4.6 and 7.8 ms at 1, 4 and 8 tokens on a 2-core AMD EPYC), and the unrolled graph
-# compiles slower with every token (32 tokens did not finish in 10 minutes); wider forwards are compute-bound
-# anyway, where the fp32 matrix multiply keeps blocks of weights in registers.
+# Tokens per compiled forward up to which the float16 copy is used when the C++ kernel below is not available
+# and inductor's loop multiplies through it instead: each token adds its own loads and multiply-adds for every
+# weight (the zoo target's compiled forward took 3.6, 4.6 and 7.8 ms at 1, 4 and 8 tokens on a 2-core AMD
+# EPYC), and the unrolled graph compiles slower with every token (32 tokens did not finish in 10 minutes).
 HALF_ROWS = 8
+# The same for the C++ kernel, which keeps blocks of sums in registers as a matrix multiply does and so stays
+# ahead of the fp32 one on every verification width the engine compiles (measured by `tune.compiled_cost_curve`).
+KERNEL_ROWS = 64
+KERNEL_SOURCE = Path(__file__).with_name("half_matmul.cpp")
+BLOCK = 16  # output columns per packed block (the kernel's kBlock)
+
+
+@functools.cache
+def half_kernel() -> bool:
+    """Whether `torch.ops.specdec.half_linear` (half_matmul.cpp) is loaded: built on first use for this CPU
+    (x86 with AVX2, FMA and F16C; about half a minute, then cached by torch under ~/.cache/torch_extensions).
+    Where it cannot be built (another CPU, no C++ compiler) compiled forwards multiply through inductor's
+    loop instead, and the reason is printed once."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    from torch.utils import cpp_extension
+
+    print("specdec: loading the float16 matrix-multiply kernel (built once for this CPU)", file=sys.stderr,
+          flush=True)
+    try:
+        cpp_extension.load(name="specdec_half_matmul", sources=[str(KERNEL_SOURCE)], is_python_module=False,
+                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or the build failed
+        print(f"specdec: the float16 kernel could not be built ({str(error).splitlines()[0]}); compiled "
+              "forwards use inductor's loop instead", file=sys.stderr, flush=True)
+        return False
+    torch.library.register_fake("specdec::half_linear")(
+        lambda x, packed, bias, out_features: x.new_empty(x.shape[0], out_features))
+    return True
+
+
+def pack_half(weight: torch.Tensor) -> torch.Tensor:
+    """The (blocks, in_features, 16) float16 layout the kernel reads: output columns in blocks of 16 (the last
+    padded with zeros), each block's weights k-major, so that a block is one contiguous stream.
+
+    weight: (out_features, in_features), its values float16 numbers."""
+    out_features, in_features = weight.shape
+    blocks = -(-out_features // BLOCK)
+    padded = weight.new_zeros(blocks * BLOCK, in_features, dtype=torch.float16)
+    padded[:out_features] = weight
+    return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()
 
 
 def exactly_half(weight: torch.Tensor) -> bool:
@@ -35,15 +79,21 @@ def exactly_half(weight: torch.Tensor) -> bool:
 
 
 def half_linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)`: through the float16 copy inside a compiled inference graph of at most HALF_ROWS tokens (all
-    rows of a batch counted), else as usual (eager calls, training, wide graphs).
+    """`module(x)`: through the float16 copy inside a compiled inference graph of at most KERNEL_ROWS tokens (the
+    kernel) or HALF_ROWS (inductor's loop), all rows of a batch counted; else as usual (eager calls, training,
+    wide graphs).
 
     x: (..., in_features) activations in fp32."""
     rows = x.numel() // x.shape[-1]
-    if not torch.compiler.is_compiling() or torch.is_grad_enabled() or rows > HALF_ROWS:
+    packed = getattr(module, "weight_packed", None)
+    limit = HALF_ROWS if packed is None else KERNEL_ROWS
+    if not torch.compiler.is_compiling() or torch.is_grad_enabled() or rows > limit:
         return F.linear(x, module.weight, module.bias)
-    weight = module.weight_half.to(x.dtype)  # widened as loaded: inductor fuses it into the loop below
     flat = x.reshape(rows, x.shape[-1])
+    if packed is not None:
+        out = torch.ops.specdec.half_linear(flat, packed, module.bias, module.out_features)
+        return out.reshape(*x.shape[:-1], module.out_features)
+    weight = module.weight_half.to(x.dtype)  # widened as loaded: inductor fuses it into the loop below
     out = torch.cat([(flat[i : i + 1, None, :] * weight).sum(-1) for i in range(rows)])
     out = out.reshape(*x.shape[:-1], weight.shape[0])
     return out if module.bias is None else out + module.bias
@@ -62,14 +112,18 @@ def half_exact_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 
 def store_half_weights(model: torch.nn.Module) -> int:
-    """Give every linear layer of `model` a float16 copy of its weights (`weight_half`, a non-persistent buffer)
-    for its compiled forwards, if `half_exact_layers` allows; returns how many layers have one.
+    """Give every linear layer of `model` a float16 copy of its weights for its compiled forwards, if
+    `half_exact_layers` allows; returns how many layers have one. The copy is a non-persistent buffer: packed
+    for the kernel (`weight_packed`) where `half_kernel` is loaded, else as it is (`weight_half`).
 
     The copy is taken now: weights changed later (training) must be stored again."""
     layers = half_exact_layers(model)
+    kernel = bool(layers) and half_kernel()
     with torch.inference_mode(False), torch.no_grad():
         for m in layers:
-            m.register_buffer("weight_half", m.weight.detach().to(torch.float16), persistent=False)
+            half = m.weight.detach().to(torch.float16)
+            m.register_buffer("weight_packed" if kernel else "weight_half", pack_half(half) if kernel else half,
+                              persistent=False)
             m.forward = half_linear_forward.__get__(m)
     return len(layers)
 
