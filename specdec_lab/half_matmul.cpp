@@ -1,13 +1,13 @@
 // A few tokens times float16 weights, in fp32: the multiply a compiled CPU decode step spends its time in.
 //
-// specdec::half_linear(x, packed, bias) returns x @ W.T (+ bias) for the fp32 activations x (rows, K) and a
-// weight matrix W (N, K) whose values are float16 numbers, stored packed by `pack_half` (half_weights.py):
-// blocks of 16 output columns, each block laid out k-major (K rows of 16 float16), so one block is one
-// contiguous stream. Each weight is loaded once per block of tokens, widened to fp32 in a register (F16C) and
-// multiplied into every token's sums (FMA), which stay in registers for the whole K loop: the register-blocked
-// micro-kernel of any GEMM, written for the skinny case a decode step or a verification has (1 to a few dozen
-// rows) and for half-width weights. The products are exact fp32 products of the same values; only the order
-// of the fp32 sums differs from another kernel's.
+// specdec::half_linear(x, packed, bias, out_features) returns x @ W.T (+ bias) for the fp32 activations x
+// (rows, K) and a weight matrix W (out_features, K) whose values are float16 numbers, stored packed by
+// `pack_half` (half_weights.py): blocks of 16 output columns, each block laid out k-major (K rows of 16
+// float16), so one block is one contiguous stream. Each weight is loaded once per pass of up to a dozen
+// tokens, widened to fp32 in a register (F16C) and multiplied into every token's sums (FMA), which stay in
+// registers for the whole K loop: the register-blocked micro-kernel of any GEMM, written for the skinny case a
+// decode step or a verification has (1 to a few dozen rows) and for half-width weights. The products are exact
+// fp32 products of the same values; only the order of the fp32 sums differs from another kernel's.
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "half_matmul.cpp needs an x86 CPU with AVX2, FMA and F16C (compiled with -march=native)"
 #endif

@@ -8,11 +8,14 @@ is loaded gives the same products in fp32 from half the bytes (the zoo target's 
 between any two matrix-multiply kernels.
 
 `store_half_weights` gives every `nn.Linear` of a model whose fp32 weights are all exactly float16 numbers a
-float16 copy and a forward that, inside a compiled graph of at most `HALF_ROWS` tokens, multiplies through it:
-written as one broadcast product and sum per token, which inductor turns into a single C++ loop that loads each
-float16 weight once, widens it and multiplies it into every token's sum. Wider graphs (prefills, large trees)
-keep the fp32 matrix multiply, as does every eager call. A model with any weight that float16 cannot hold
-exactly is left as it is: that would change the model.
+float16 copy and a forward that, inside a compiled inference graph of a few tokens, multiplies through it. Where
+the CPU allows (x86 with AVX2, FMA and F16C), the multiply is `half_matmul.cpp`, a small C++ kernel registered as
+the custom op `specdec::half_linear`: it streams the copy, packed in blocks of 16 output columns, and keeps every
+token's sums in vector registers, as a matrix multiply's micro-kernel does. Elsewhere it is written as one
+broadcast product and sum per token, which inductor turns into a C++ loop that loads each float16 weight once,
+widens it and multiplies it into every token's sum (slower, and only for a few tokens). Wider graphs (prefills,
+large trees) keep the fp32 matrix multiply, as does every eager call. A model with any weight that float16
+cannot hold exactly is left as it is: that would change the model.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def half_kernel() -> bool:
     try:
         cpp_extension.load(name="specdec_half_matmul", sources=[str(KERNEL_SOURCE)], is_python_module=False,
                            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
-    except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or the build failed
+    except Exception as error:  # noqa: BLE001 - any failure (no compiler, no ninja, a read-only cache): fall back
         print(f"specdec: the float16 kernel could not be built ({str(error).splitlines()[0]}); compiled "
               "forwards use inductor's loop instead", file=sys.stderr, flush=True)
         return False
