@@ -34,7 +34,8 @@ import torch.nn.functional as F
 HALF_ROWS = 8
 # The same for the C++ kernel, which keeps blocks of sums in registers as a matrix multiply does: over the zoo
 # target's 113 linear layers it took 2.4, 4.0, 4.8 and 9.4 ms for 1, 8, 12 and 32 rows where torch's fp32 matrix
-# multiply took 3.4, 6.0, 9.0 and 16.8 ms (2-core Xeon, AVX-512), so it serves every width the engine compiles.
+# multiply took 3.4, 6.0, 9.0 and 16.8 ms (2-core Xeon, AVX-512), so it serves every width up to the largest
+# bucket the engine compiles (`forward.QUERY_BUCKETS`).
 KERNEL_ROWS = 64
 KERNEL_SOURCE = Path(__file__).with_name("half_matmul.cpp")
 BLOCK = 16  # output columns per packed block (the kernel's kBlock)
