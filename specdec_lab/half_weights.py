@@ -127,8 +127,10 @@ def store_half_weights(model: torch.nn.Module) -> int:
     with torch.inference_mode(False), torch.no_grad():
         for m in layers:
             half = m.weight.detach().to(torch.float16)
-            m.register_buffer("weight_packed" if kernel else "weight_half", pack_half(half) if kernel else half,
-                              persistent=False)
+            if kernel:
+                m.register_buffer("weight_packed", pack_half(half), persistent=False)
+            else:
+                m.register_buffer("weight_half", half, persistent=False)
             m.forward = half_linear_forward.__get__(m)
     return len(layers)
 

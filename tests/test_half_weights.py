@@ -39,19 +39,19 @@ def half_copy(layer: torch.nn.Linear) -> torch.Tensor:
     return layer.weight_packed if hasattr(layer, "weight_packed") else layer.weight_half
 
 
-@pytest.fixture(params=["kernel", "inductor"])
-def multiply(request, monkeypatch):
-    """Each compiled path in turn: the C++ kernel (where this CPU can build it) and inductor's loop."""
-    if request.param == "kernel" and not half_kernel():
-        pytest.skip("the float16 kernel needs an x86 CPU with AVX2, FMA and F16C and a C++ compiler")
-    if request.param == "inductor":
-        monkeypatch.setattr(half_weights, "half_kernel", lambda: False)
-    return request.param
-
-
 def needs_kernel():
     if not half_kernel():
         pytest.skip("the float16 kernel needs an x86 CPU with AVX2, FMA and F16C and a C++ compiler")
+
+
+@pytest.fixture(params=["kernel", "inductor"])
+def multiply(request, monkeypatch):
+    """Each compiled path in turn: the C++ kernel (where this CPU can build it) and inductor's loop."""
+    if request.param == "kernel":
+        needs_kernel()
+    else:
+        monkeypatch.setattr(half_weights, "half_kernel", lambda: False)
+    return request.param
 
 
 @pytest.mark.parametrize(("out_features", "in_features", "rows"),
