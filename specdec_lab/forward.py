@@ -26,6 +26,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from specdec_lab.cache import cache_length, is_static, truncate
+from specdec_lab.filled_attention import use_filled_attention
 from specdec_lab.half_weights import store_half_weights
 
 QUERY_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tokens per compiled forward (padded up to one of these)
@@ -144,11 +145,13 @@ def compiled_forward(model: torch.nn.Module, mode: str | None, shape: tuple[int,
     `without_guards`."""
     compiled = model.__dict__.setdefault("_specdec_compiled", {})
     if mode not in compiled:
-        if mode is None:  # on CPU, a compiled forward reads float16 copies of float16-exact weights
+        if mode is None:  # on CPU: float16 copies of float16-exact weights, attention over the filled slots
             store_half_weights(model)
+            use_filled_attention(model)
         limits = torch._dynamo.config
         limits.recompile_limit = max(limits.recompile_limit, MIN_RECOMPILE_LIMIT)
-        settings = {"mode": mode} if mode else {"options": WRAPPER_OPTIONS}
+        options = {"guard_filter_fn": unguarded_buffers}
+        settings = {"mode": mode, "options": options} if mode else {"options": {**WRAPPER_OPTIONS, **options}}
         compiled[mode] = (torch.compile(model.forward, fullgraph=True, dynamic=False, **settings), set())
     function, seen = compiled[mode]
     if shape in seen:
@@ -159,6 +162,18 @@ def compiled_forward(model: torch.nn.Module, mode: str | None, shape: tuple[int,
           "cache (first call of this shape; inductor's on-disk cache makes later processes faster)",
           file=sys.stderr, flush=True)
     return function
+
+
+def unguarded_buffers(guards) -> list[bool]:
+    """torch.compile's guard filter for a forward: keep every guard but the tensor checks on the float16 weight
+    copies (`half_weights`) and on the static cache's buffers. Dynamo always checks the shape, strides and
+    dtype of every tensor that is not an `nn.Parameter`, even where the caller fixes them (about 150 tensors of
+    the zoo target, most of a compiled forward's guard time): the copies never change once stored, and a cache's
+    length, dtype and device are fixed by the mask and the model, whose own guards remain."""
+    return [not (guard.guard_type == "TENSOR_MATCH"
+                 and ("['cache']." in guard.name or "weight_packed" in guard.name
+                      or "weight_half" in guard.name))
+            for guard in guards]
 
 
 def without_guards(function, **inputs):

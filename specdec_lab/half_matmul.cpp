@@ -153,7 +153,7 @@ at::Tensor half_linear(const at::Tensor& input, const at::Tensor& packed,
 
 }  // namespace
 
-TORCH_LIBRARY(specdec, m) {
+TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("half_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
 }
 

@@ -20,12 +20,10 @@ cannot hold exactly is left as it is: that would change the model.
 
 from __future__ import annotations
 
-import functools
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
+
+from specdec_lab.cpu_kernels import kernels_loaded
 
 # Tokens per compiled forward up to which the float16 copy is used when the C++ kernel below is not available
 # and inductor's loop multiplies through it instead: each token adds its own loads and multiply-adds for every
@@ -37,32 +35,13 @@ HALF_ROWS = 8
 # multiply took 3.4, 6.0, 9.0 and 16.8 ms (2-core Xeon, AVX-512), so it serves every width up to the largest
 # bucket the engine compiles (`forward.QUERY_BUCKETS`).
 KERNEL_ROWS = 64
-KERNEL_SOURCE = Path(__file__).with_name("half_matmul.cpp")
 BLOCK = 16  # output columns per packed block (the kernel's kBlock)
 
 
-@functools.cache
 def half_kernel() -> bool:
-    """Whether `torch.ops.specdec.half_linear` (half_matmul.cpp) is loaded: built on first use for this CPU
-    (x86 with AVX2, FMA and F16C; about half a minute, then cached by torch under ~/.cache/torch_extensions).
-    Where it cannot be built (another CPU, no C++ compiler) compiled forwards multiply through inductor's
-    loop instead, and the reason is printed once."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return False
-    from torch.utils import cpp_extension
-
-    print("specdec: loading the float16 matrix-multiply kernel (built once for this CPU)", file=sys.stderr,
-          flush=True)
-    try:
-        cpp_extension.load(name="specdec_half_matmul", sources=[str(KERNEL_SOURCE)], is_python_module=False,
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
-    except Exception as error:  # noqa: BLE001 - any failure (no compiler, no ninja, a read-only cache): fall back
-        print(f"specdec: the float16 kernel could not be built ({str(error).splitlines()[0]}); compiled "
-              "forwards use inductor's loop instead", file=sys.stderr, flush=True)
-        return False
-    torch.library.register_fake("specdec::half_linear")(
-        lambda x, packed, bias, out_features: x.new_empty(x.shape[0], out_features))
-    return True
+    """Whether `torch.ops.specdec.half_linear` (half_matmul.cpp) is loaded (`cpu_kernels`: built on first use
+    for this CPU). Where it cannot be, compiled forwards multiply through inductor's loop instead."""
+    return kernels_loaded()
 
 
 def pack_half(weight: torch.Tensor) -> torch.Tensor:

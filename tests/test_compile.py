@@ -15,7 +15,7 @@ from conftest import make_llama
 
 from specdec_lab import DraftModelDrafter, generate
 from specdec_lab.decode import plan_for
-from specdec_lab.forward import QUERY_BUCKETS, query_bucket
+from specdec_lab.forward import QUERY_BUCKETS, query_bucket, unguarded_buffers
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,18 @@ def test_cuda_graphs_are_asked_for_on_cuda_only(device, mode):
     assert plan.kind == "static" and plan.compile and plan.mode == mode
     eager = plan_for(run, None, None, compile=False)
     assert eager.mode is None and not eager.compile
+
+
+def test_the_guard_filter_drops_only_the_tensor_checks_that_callers_fix():
+    # The float16 copies and the cache's tensors lose their per-call tensor checks; the inputs that tell graphs
+    # apart (tokens, mask, positions), the parameters and every other kind of guard keep theirs.
+    def guard(name, kind="TENSOR_MATCH"):
+        return SimpleNamespace(name=name, guard_type=kind)
+
+    entries = [guard("kwargs['cache'].layers[0].keys"), guard("L['cache'].layers[3].cumulative_length"),
+               guard("args[0]._modules['lm_head']._buffers['weight_packed']"),
+               guard("L['self']._modules['q_proj']._buffers['weight_half']"),
+               guard("kwargs['input_ids']"), guard("kwargs['attention_mask']"),
+               guard("args[0]._modules['lm_head']._parameters['weight']"),
+               guard("kwargs['cache'].layers[0].max_cache_len", "EQUALS_MATCH")]
+    assert unguarded_buffers(entries) == [False] * 4 + [True] * 4

@@ -1,0 +1,175 @@
+// Attention over the filled part of a static KV cache: what a compiled decode step should read, and no more.
+//
+// A static cache is preallocated to the run's whole length, so a compiled forward's keys and values are the
+// whole buffer, and its mask hides the unused tail. Scaled dot-product attention still reads every slot of
+// it: over the zoo target's 512-slot cache that is 16 MB of keys and values per step when 200 slots are
+// filled, as many bytes as the weights themselves. The number of filled slots changes every step, so it
+// cannot be a shape of the compiled graph; this op reads it from the mask instead, at run time.
+//
+// specdec::filled_attention(query, key, value, mask, scale) is softmax(scale * Q K^T + mask) V over the keys
+// and values up to the last column that some row of the additive (or boolean) `mask` lets a query see,
+// returned as (batch, queries, heads, head_dim), the layout the next projection reads. The columns cut are
+// those every row hides: their weights are exactly zero after the softmax, so the result is the same attention
+// (only the order of the fp32 sums may differ). Several queries (a verification) go to torch's own SDPA
+// kernel over the filled slots; a single query (a decode step) to `attend_one` below, a plain dot-product,
+// softmax and weighted sum, which for one row costs about two thirds of SDPA's general kernel.
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "filled_attention.cpp needs an x86 CPU with AVX2 and FMA (compiled with -march=native)"
+#endif
+#include <immintrin.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Whether mask value `m` hides its column: false for a boolean mask, the most negative value (or -inf) for an
+// additive one.
+template <typename T>
+inline bool hides(T m) {
+  return m == std::numeric_limits<T>::lowest() || m == -std::numeric_limits<T>::infinity();
+}
+template <>
+inline bool hides<bool>(bool m) {
+  return !m;
+}
+
+// One past the last column of `mask` (..., rows, columns) that some row does not hide (at least 1).
+template <typename T>
+int64_t filled_columns(const at::Tensor& mask) {
+  const at::Tensor rows = mask.contiguous().view({-1, mask.size(-1)});
+  const int64_t count = rows.size(0), columns = rows.size(1);
+  const T* m = rows.data_ptr<T>();
+  for (int64_t c = columns; c > 1; --c) {
+    for (int64_t r = 0; r < count; ++r) {
+      if (!hides(m[r * columns + c - 1])) return c;
+    }
+  }
+  return 1;
+}
+
+// q . k over `dim` floats.
+inline float dot(const float* q, const float* k, int64_t dim) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < dim; ++d) sum += q[d] * k[d];
+  return sum;
+}
+
+// q . k for the four keys `stride` apart from `k`, into out[0:4] (dim a multiple of 8): four independent chains
+// of multiply-adds, so that a core is not waiting on one (a single 64-float dot is latency-bound).
+inline void dot4(const float* q, const float* k, int64_t stride, int64_t dim, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dim; d += 8) {
+    const __m256 x = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + d), a0);
+    a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + stride + d), a1);
+    a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 2 * stride + d), a2);
+    a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 3 * stride + d), a3);
+  }
+  // Pairwise sums leave each key's total split between the two 128-bit halves, in key order.
+  const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
+}
+
+// softmax(scale * q K^T + mask) V for one query over the first `filled` keys: keys and values are rows their
+// strides apart, mask holds `filled` additive values, scores has room for `filled` floats, out for value_dim.
+void attend_one(const float* q, const float* keys, int64_t key_stride, const float* values,
+                int64_t value_stride, const float* mask, int64_t filled, int64_t dim, int64_t value_dim,
+                float scale, float* scores, float* out) {
+  int64_t j = 0;
+  if (dim % 8 == 0) {
+    for (; j + 4 <= filled; j += 4) dot4(q, keys + j * key_stride, key_stride, dim, scores + j);
+  }
+  for (; j < filled; ++j) scores[j] = dot(q, keys + j * key_stride, dim);
+  float top = -std::numeric_limits<float>::infinity();
+  for (j = 0; j < filled; ++j) {
+    scores[j] = scores[j] * scale + mask[j];
+    top = std::max(top, scores[j]);
+  }
+  float total = 0.f;
+  for (j = 0; j < filled; ++j) {
+    scores[j] = std::exp(scores[j] - top);  // exactly 0 for a hidden column
+    total += scores[j];
+  }
+  std::fill(out, out + value_dim, 0.f);
+  for (j = 0; j < filled; ++j) {
+    if (scores[j] == 0.f) continue;
+    const float weight = scores[j] / total;
+    const float* value = values + j * value_stride;
+#pragma omp simd
+    for (int64_t d = 0; d < value_dim; ++d) out[d] += weight * value[d];
+  }
+}
+
+// One query per head: every head's `attend_one`, heads split between threads where each gets enough work.
+at::Tensor attend_single_query(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                               const at::Tensor& mask, int64_t filled, double scale) {
+  const int64_t batch = query.size(0), heads = query.size(1), dim = query.size(3);
+  const int64_t group = heads / key.size(1), value_dim = value.size(3);
+  const at::Tensor q = query.contiguous(), k = key, v = value;
+  const at::Tensor m = mask.expand({batch, heads, 1, mask.size(3)}).contiguous();
+  at::Tensor out = at::empty({batch, 1, heads, value_dim}, query.options());
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float* mp = m.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t work = std::max<int64_t>(1, filled * (dim + value_dim));  // multiply-adds per head
+  at::parallel_for(0, batch * heads, std::max<int64_t>(1, 32768 / work), [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(filled);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / heads, h = task % heads;
+      attend_one(qp + task * dim, kp + b * k.stride(0) + (h / group) * k.stride(1), k.stride(2),
+                 vp + b * v.stride(0) + (h / group) * v.stride(1), v.stride(2), mp + task * m.size(3), filled,
+                 dim, value_dim, static_cast<float>(scale), scores.data(), op + task * value_dim);
+    }
+  });
+  return out;
+}
+
+at::Tensor filled_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& mask, double scale) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "filled_attention: query, key and value must be (batch, heads, length, head_dim)");
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
+                  value.scalar_type() == at::kFloat,
+              "filled_attention: query, key and value must be fp32");
+  TORCH_CHECK(mask.dim() == 4 && mask.size(-1) == key.size(2),
+              "filled_attention: mask must be (batch, 1 or heads, queries, keys) with one column per key");
+  TORCH_CHECK(mask.scalar_type() == at::kFloat || mask.scalar_type() == at::kBool,
+              "filled_attention: mask must be fp32 (additive) or boolean");
+  TORCH_CHECK(key.size(3) == query.size(3) && value.size(2) == key.size(2) && query.size(1) % key.size(1) == 0,
+              "filled_attention: keys and values must match the query's head_dim and each other's length, "
+              "and the query heads must be a multiple of the key-value heads");
+  const int64_t filled =
+      mask.scalar_type() == at::kBool ? filled_columns<bool>(mask) : filled_columns<float>(mask);
+  const at::Tensor keys = key.narrow(2, 0, filled), values = value.narrow(2, 0, filled);
+  at::Tensor visible = mask.narrow(-1, 0, filled);
+  const bool contiguous_rows = keys.stride(3) == 1 && values.stride(3) == 1;
+  if (query.size(2) > 1 || !contiguous_rows) {
+    return at::scaled_dot_product_attention(query, keys, values, visible, 0.0, false, scale,
+                                            query.size(1) != key.size(1))
+        .transpose(1, 2)
+        .contiguous();  // (batch, queries, heads, head_dim): a no-op for the flash kernel's layout
+  }
+  if (visible.scalar_type() == at::kBool) {
+    visible = at::zeros(visible.sizes(), query.options())
+                  .masked_fill_(visible.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+  return attend_single_query(query, keys, values, visible, filled, scale);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specdec, m) {
+  m.def("filled_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("filled_attention", &filled_attention); }
