@@ -9,6 +9,8 @@ benchmark lists the method as skipped with the reason.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib
 import time
 from collections.abc import Callable
@@ -106,7 +108,8 @@ def hf_compiled_runner(context: BenchContext) -> Runner:
     compiled (transformers compiles on its own only on accelerators; `_compile_all_devices` asks for it on a
     CPU too). The static cache is sized like ours (`CachePlan.static_length`), so both compiled rows attend
     over the same preallocated length, and off CUDA both use inductor's C++ wrapper. Runs under `--compile`, or
-    when asked for by name."""
+    when asked for by name, on a copy of the target taken before any row of ours runs: our compiled forwards give
+    the model they compile float16 weight copies and our attention, which transformers' graph would then trace."""
     from transformers.generation import CompileConfig
 
     from specdec_lab.cache import CachePlan
@@ -122,9 +125,12 @@ def hf_compiled_runner(context: BenchContext) -> Runner:
                                    options=None if on_cuda else WRAPPER_OPTIONS)
     compile_config._compile_all_devices = True
 
+    pair = dataclasses.replace(context.pair, target=copy.deepcopy(context.pair.target))
+    own = dataclasses.replace(context, pair=pair)
+
     def run(ids: list[int], seed: int) -> RunResult:
         length = CachePlan("static", len(ids) + config.max_new_tokens + 1).static_length
-        return hf_runner(context, cache_implementation="static", compile_config=compile_config,
+        return hf_runner(own, cache_implementation="static", compile_config=compile_config,
                          max_cache_len=length)(ids, seed)
 
     return run

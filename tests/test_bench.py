@@ -211,6 +211,27 @@ def test_hf_generate_compiled_baseline_matches_the_eager_baseline(saved_pair, tm
     assert "hf-generate-compiled" not in skipped["sets"]["heldout"]["methods"]
 
 
+def test_hf_generate_compiled_runs_a_copy_that_our_compiled_rows_leave_alone(monkeypatch):
+    # Our compiled forwards switch the model they compile to our attention (and give it float16 weight copies);
+    # transformers' compiled row must trace transformers' own model, so it runs a copy taken when it is built.
+    from conftest import make_llama
+
+    from specdec_lab import bench_methods
+    from specdec_lab.filled_attention import use_filled_attention
+
+    target = make_llama(seed=2)
+    runner = bench_methods.hf_compiled_runner(BenchContext(ModelPair(target, None, None), BenchConfig(compile=True),
+                                                           eos_token_id=None))
+    ran = []
+    monkeypatch.setattr(bench_methods, "hf_runner", lambda context, **kwargs: lambda ids, seed: ran.append(context))
+    if not use_filled_attention(target):  # what our first compiled forward does, where the kernels load
+        target.config._attn_implementation = "eager"  # elsewhere: any change to the original would do
+    runner([1, 2, 3], 0)
+    copy_run = ran[0].pair.target
+    assert copy_run is not target and copy_run.config._attn_implementation == "sdpa"
+    assert all(torch.equal(a, b) for a, b in zip(copy_run.parameters(), target.parameters(), strict=True))
+
+
 def test_bench_holds_plain_rows_against_the_bandwidth_floor(saved_pair, tmp_path):
     result, out = run_cli(saved_pair, tmp_path, "--methods", "plain,draft", "--sets", "heldout")
     floor = result["costs"]["floor"]
