@@ -115,10 +115,11 @@ at::Tensor attend_single_query(const at::Tensor& query, const at::Tensor& key, c
                                const at::Tensor& mask, int64_t filled, double scale) {
   const int64_t batch = query.size(0), heads = query.size(1), dim = query.size(3);
   const int64_t group = heads / key.size(1), value_dim = value.size(3);
-  const at::Tensor q = query.contiguous(), k = key, v = value;
-  const at::Tensor m = mask.expand({batch, heads, 1, mask.size(3)}).contiguous();
+  const at::Tensor q = query.contiguous();
+  // The mask as it lies (broadcast over batch or heads: stride 0 there), its columns contiguous.
+  const at::Tensor m = (mask.stride(3) == 1 ? mask : mask.contiguous()).expand({batch, heads, 1, mask.size(3)});
   at::Tensor out = at::empty({batch, 1, heads, value_dim}, query.options());
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *qp = q.data_ptr<float>(), *kp = key.data_ptr<float>(), *vp = value.data_ptr<float>();
   const float* mp = m.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t work = std::max<int64_t>(1, filled * (dim + value_dim));  // multiply-adds per head
@@ -126,9 +127,10 @@ at::Tensor attend_single_query(const at::Tensor& query, const at::Tensor& key, c
     std::vector<float> scores(filled);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / heads, h = task % heads;
-      attend_one(qp + task * dim, kp + b * k.stride(0) + (h / group) * k.stride(1), k.stride(2),
-                 vp + b * v.stride(0) + (h / group) * v.stride(1), v.stride(2), mp + task * m.size(3), filled,
-                 dim, value_dim, static_cast<float>(scale), scores.data(), op + task * value_dim);
+      attend_one(qp + task * dim, kp + b * key.stride(0) + (h / group) * key.stride(1), key.stride(2),
+                 vp + b * value.stride(0) + (h / group) * value.stride(1), value.stride(2),
+                 mp + b * m.stride(0) + h * m.stride(1), filled, dim, value_dim, static_cast<float>(scale),
+                 scores.data(), op + task * value_dim);
     }
   });
   return out;

@@ -55,6 +55,21 @@ def test_the_op_is_sdpa_over_the_filled_slots(rows, heads, kv_heads, filled):
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_mask_per_head_is_read_head_by_head():
+    # A mask with a row per head (each head hiding a different slot) against SDPA over the filled slots.
+    needs_kernels()
+    query, key, value, visible = cache_and_mask(1, 4, 4, 12)
+    per_head = visible[None].repeat(4, 1, 1)
+    for head in range(4):
+        per_head[head, 0, 2 + head] = False
+    additive = torch.zeros(per_head.shape).masked_fill_(~per_head, HIDDEN)[None]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key[:, :, :12].double(), value[:, :, :12].double(), attn_mask=per_head[None, :, :, :12],
+        scale=0.125).transpose(1, 2)
+    out = torch.ops.specdec.filled_attention(query, key, value, additive, 0.125)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_the_op_names_what_is_wrong_with_its_inputs():
     needs_kernels()
     query, key, value, visible = cache_and_mask(1, 4, 4, 10)
