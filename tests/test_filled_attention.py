@@ -19,15 +19,16 @@ def needs_kernels():
         pytest.skip("the C++ kernels need an x86 CPU with AVX2, FMA and F16C and a C++ compiler")
 
 
-def cache_and_mask(rows: int, heads: int, kv_heads: int, filled: int, length: int = 40, seed: int = 0):
+def cache_and_mask(rows: int, heads: int, kv_heads: int, filled: int, length: int = 40, seed: int = 0,
+                   dim: int = 64):
     """Queries, a static cache of `length` slots whose slots past `filled` hold NaN (an op that read them
     would return NaN), and an additive mask: causal over the last `rows` filled slots, one of the earlier
     slots hidden from the first row (a tree's masks hide slots in the middle too)."""
     g = torch.Generator().manual_seed(seed)
-    query = torch.randn(1, rows, heads, 64, generator=g).transpose(1, 2)  # strided, as a projection hands it over
-    key, value = (torch.full((1, kv_heads, length, 64), float("nan")) for _ in range(2))
-    key[:, :, :filled] = torch.randn(1, kv_heads, filled, 64, generator=g)
-    value[:, :, :filled] = torch.randn(1, kv_heads, filled, 64, generator=g)
+    query = torch.randn(1, rows, heads, dim, generator=g).transpose(1, 2)  # strided, as a projection hands it over
+    key, value = (torch.full((1, kv_heads, length, dim), float("nan")) for _ in range(2))
+    key[:, :, :filled] = torch.randn(1, kv_heads, filled, dim, generator=g)
+    value[:, :, :filled] = torch.randn(1, kv_heads, filled, dim, generator=g)
     visible = torch.zeros(rows, length, dtype=torch.bool)
     past = filled - rows
     visible[:, :past] = True
@@ -36,22 +37,26 @@ def cache_and_mask(rows: int, heads: int, kv_heads: int, filled: int, length: in
     return query, key, value, visible
 
 
-@pytest.mark.parametrize(("rows", "heads", "kv_heads", "filled"),
-                         [(1, 4, 4, 23), (1, 4, 4, 8), (1, 8, 2, 5), (3, 4, 4, 23), (12, 8, 2, 30)])
-def test_the_op_is_sdpa_over_the_filled_slots(rows, heads, kv_heads, filled):
-    # One query (the hand-written path) and several (torch's SDPA), grouped heads, fill counts not a multiple of
-    # the four keys a pass reads, against float64 attention over the filled slots only.
+@pytest.mark.parametrize(("rows", "heads", "kv_heads", "filled", "dim", "scale"),
+                         [(1, 4, 4, 23, 64, 0.125), (1, 4, 4, 8, 64, 0.125), (1, 8, 2, 5, 64, 0.125),
+                          (3, 4, 4, 23, 64, 0.125), (12, 8, 2, 30, 64, 0.125), (6, 4, 4, 37, 40, 0.125),
+                          (6, 4, 4, 37, 136, 0.125), (4, 4, 4, 19, 64, 3.0), (2, 4, 4, 9, 12, 0.125)])
+def test_the_op_is_sdpa_over_the_filled_slots(rows, heads, kv_heads, filled, dim, scale):
+    # One query and several, grouped heads, fill counts not a multiple of the four keys a pass reads, head
+    # sizes that are not 64 (40 and 136: partial vectors of sums; 12: not whole vectors, torch's kernel), and a
+    # large scale (softmax arguments down to about -100, where the vector exp must give 0 and keep the rest),
+    # against float64 attention over the filled slots only.
     needs_kernels()
-    query, key, value, visible = cache_and_mask(rows, heads, kv_heads, filled)
+    query, key, value, visible = cache_and_mask(rows, heads, kv_heads, filled, dim=dim)
     additive = torch.zeros(visible.shape).masked_fill_(~visible, HIDDEN)[None, None]
     group = heads // kv_heads
     expected = torch.nn.functional.scaled_dot_product_attention(
         query.double(), key[:, :, :filled].double().repeat_interleave(group, 1),
         value[:, :, :filled].double().repeat_interleave(group, 1), attn_mask=visible[None, None, :, :filled],
-        scale=0.125).transpose(1, 2)
+        scale=scale).transpose(1, 2)
     for mask in (additive, visible[None, None]):
-        out = torch.ops.specdec.filled_attention(query, key, value, mask, 0.125)
-        assert out.shape == (1, rows, heads, 64) and out.is_contiguous()
+        out = torch.ops.specdec.filled_attention(query, key, value, mask, scale)
+        assert out.shape == (1, rows, heads, dim) and out.is_contiguous()
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 
