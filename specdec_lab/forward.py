@@ -8,7 +8,10 @@ and hides the unused tail. Its shapes then depend only on how many tokens are fe
 that number is padded up to a bucket of `QUERY_BUCKETS`, so a run compiles a handful of graphs (one token for
 plain decoding and for a draft model, k + 1 for a chain's verification, a tree's node budget), not one per
 length. The padding rows are scored and then dropped from the cache; causality (or the tree mask) keeps them
-invisible to the real rows. A prefill (nothing cached yet) always runs eager: it happens once per run.
+invisible to the real rows. A longer causal feed (a prompt's prefill) runs in chunks of the widest bucket, each
+a compiled forward after the chunks before it (a chunked prefill, as serving engines do): no graph for every
+prompt length, and the multiplies stay in the few-token kernels (`half_weights`) rather than going back to an
+eager forward, whose Python costs a few milliseconds per call on the zoo target.
 
 torch.compile keeps its compiled code in inductor's on-disk cache, so a second process pays far less than the
 first; the first call of each shape says that it is compiling. On CUDA the plan may ask for CUDA graphs
@@ -94,7 +97,11 @@ def static_forward(model, cache, tokens, visible, positions, keep, hidden) -> Fo
     if past + fed > length:
         raise RuntimeError(f"the static cache holds {length} positions; {past} are cached and {fed} more were "
                            "fed (the run's plan sized it too short)")
-    compiled = cache.compile and past > 0 and fed <= QUERY_BUCKETS[-1]
+    if (cache.compile and fed > QUERY_BUCKETS[-1] and visible is None and initialized(cache, model)
+            and (not hidden or capture_hooks_installed(model))):
+        return chunked_forward(model, cache, tokens, positions, keep, hidden)
+    compiled = (cache.compile and fed <= QUERY_BUCKETS[-1] and initialized(cache, model)
+                and (not hidden or capture_hooks_installed(model)))
     width = compiled_width(model, cache.mode, fed, length, hidden) if compiled else fed
     if past + width > length:
         width = fed
@@ -124,6 +131,47 @@ def static_forward(model, cache, tokens, visible, positions, keep, hidden) -> Fo
     if pad:
         truncate(cache, past + fed)
     return ForwardOutput(logits, states)
+
+
+def initialized(cache: Cache, model: torch.nn.Module) -> bool:
+    """Whether the static `cache`'s buffers exist, allocating them for `model` if it says their shape (its
+    key-value heads and head size). A compiled forward must never allocate them itself: that graph would be
+    called again, by shape, once they exist. False leaves the first forward eager (it allocates them)."""
+    if all(layer.is_initialized for layer in cache.layers):
+        return True
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (heads and config.hidden_size // config.num_attention_heads)
+    if not isinstance(heads, int) or not isinstance(head_dim, int):
+        return False
+    cache.early_initialization(1, heads, head_dim, model.dtype, next(model.parameters()).device)
+    return True
+
+
+def capture_hooks_installed(model: torch.nn.Module) -> bool:
+    """Whether transformers has put its hidden-state capturing hooks on `model`: it does so at the first call
+    that asks for hidden states, under a lock that a compiled graph cannot take, so that call must run eager."""
+    if not model.__dict__.get("_specdec_hooks_installed"):
+        model.__dict__["_specdec_hooks_installed"] = any(
+            getattr(module, "_output_capturing_hooks_installed", False) for module in model.modules())
+    return model.__dict__["_specdec_hooks_installed"]
+
+
+def chunked_forward(model, cache, tokens, positions, keep, hidden) -> ForwardOutput:
+    """A causal `static_forward` of more tokens than the widest bucket: chunks of QUERY_BUCKETS[-1] tokens (the
+    last one shorter), each after the ones before it; the hidden states hold the fed rows only."""
+    width = QUERY_BUCKETS[-1]
+    parts = []
+    for start in range(0, len(tokens), width):
+        chunk_positions = None if positions is None else positions[:, start : start + width]
+        parts.append(static_forward(model, cache, tokens[start : start + width], None, chunk_positions, 0, hidden))
+    logits = torch.cat([part.logits for part in parts], dim=1)
+    states = None
+    if hidden:  # each chunk's rows past its fed tokens are padding: cut them before joining the chunks
+        fed = [len(tokens[start : start + width]) for start in range(0, len(tokens), width)]
+        states = tuple(torch.cat([part.hidden_states[layer][:, :rows] for part, rows in zip(parts, fed, strict=True)],
+                                 dim=1) for layer in range(len(parts[0].hidden_states)))
+    return ForwardOutput(logits[:, -keep:] if keep else logits, states)
 
 
 def compiled_width(model: torch.nn.Module, mode: str | None, fed: int, length: int, hidden: bool) -> int:

@@ -14,8 +14,9 @@ import torch
 from conftest import make_llama
 
 from specdec_lab import DraftModelDrafter, generate
+from specdec_lab.cache import CachePlan, cache_plan, new_cache
 from specdec_lab.decode import plan_for
-from specdec_lab.forward import QUERY_BUCKETS, query_bucket, unguarded_buffers
+from specdec_lab.forward import QUERY_BUCKETS, forward, query_bucket, unguarded_buffers
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,35 @@ def test_compiled_decoding_emits_the_eager_tokens_with_a_handful_of_graphs(small
                    for kind in ("dynamic", "static")]
         assert sampled[0] == sampled[1]  # same logits up to rounding, same seeded draws
     shapes = compiled_shapes(small_model)
-    assert {tokens for tokens, _, _ in shapes} <= {1, 2, 4} and len(shapes) <= 3, shapes
+    # Decoding and verification take 1, 2 and 4 tokens; the prefills (3 and 5 prompt tokens, alone or with the
+    # first draft riding along: 6 and 8) are compiled too, padded up to their buckets.
+    prefills = {query_bucket(n) for prompt in prompts for n in (len(prompt), len(prompt) + 3)}
+    assert {tokens for tokens, _, _ in shapes} <= {1, 2, 4} | prefills and len(shapes) <= 6, shapes
     messages = capfd.readouterr().err.count("specdec: compiling")
     assert messages == len(shapes)  # once per shape, not per call
+
+
+@pytest.mark.compile
+def test_a_long_prompt_is_prefilled_in_compiled_chunks(small_model):
+    # 150 prompt tokens: two chunks of the widest bucket and a third of 22 (which reuses the widest graph,
+    # padded), each a compiled forward after the chunks before it; EAGLE-style callers get every prompt row's
+    # hidden states.
+    prompt = [(7 * i) % 60 + 1 for i in range(150)]
+    eager = generate(small_model, prompt, max_new_tokens=8).tokens
+    assert generate(small_model, prompt, max_new_tokens=8, compile=True).tokens == eager
+    widths = {tokens for tokens, _, _ in compiled_shapes(small_model)}
+    assert QUERY_BUCKETS[-1] in widths
+    # (The eager call first: transformers installs its hidden-state hooks at the first call that asks for them,
+    # which a compiled graph cannot do, so until then such calls run eager.)
+    with torch.inference_mode(), cache_plan(CachePlan("static", 256)):
+        whole = forward(small_model, new_cache(small_model), torch.tensor(prompt), hidden=True)
+    with torch.inference_mode(), cache_plan(CachePlan("static", 256, compile=True)):
+        chunked = forward(small_model, new_cache(small_model), torch.tensor(prompt), hidden=True)
+    assert (QUERY_BUCKETS[-1], 256, True) in compiled_shapes(small_model)
+    assert chunked.logits.shape == whole.logits.shape == (1, 150, 64)
+    torch.testing.assert_close(chunked.logits, whole.logits, rtol=1e-4, atol=1e-4)
+    assert [h.shape for h in chunked.hidden_states] == [h.shape for h in whole.hidden_states]
+    torch.testing.assert_close(chunked.hidden_states[-1], whole.hidden_states[-1], rtol=1e-4, atol=1e-4)
 
 
 def test_query_lengths_are_bucketed():
