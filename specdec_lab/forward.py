@@ -90,6 +90,16 @@ def additive_mask_over(visible: torch.Tensor, past: int, width: int, dtype: torc
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
+def causal_mask_over(rows: int, past: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`additive_mask_over` for a causal feed of `rows` tokens, built in three operations rather than eight (a
+    decode step pays for it at every forward): every row sees the `past` cached slots and the new tokens up to
+    its own."""
+    mask = torch.full((rows, width), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[:, :past] = 0
+    mask[:, past : past + rows].triu_(1)  # zero on and below the diagonal: token r sees new tokens 0..r
+    return mask[None, None]
+
+
 def static_forward(model, cache, tokens, visible, positions, keep, hidden) -> ForwardOutput:
     """`forward` over a static cache: padded to a bucket and compiled when the cache asks for it."""
     past, fed = cache_length(cache), len(tokens)
@@ -106,16 +116,18 @@ def static_forward(model, cache, tokens, visible, positions, keep, hidden) -> Fo
     if past + width > length:
         width = fed
     device = tokens.device
-    if visible is None:
-        visible = torch.ones(fed, fed, dtype=torch.bool, device=device).tril()
     if positions is None:
         positions = torch.arange(past, past + fed, device=device)[None]
     pad = width - fed
     if pad:  # padding repeats the last token at the last position: finite values, seen by no real row
         tokens = torch.cat([tokens, tokens[-1:].expand(pad)])
         positions = torch.cat([positions, positions[:, -1:].expand(1, pad)], dim=1)
-        visible = torch.cat([visible, visible.new_zeros(pad, fed)])
-    mask = additive_mask_over(visible, past, length, model.dtype)
+        if visible is not None:
+            visible = torch.cat([visible, visible.new_zeros(pad, fed)])
+    if visible is None:  # causal over the padded width: padding rows come last, so no real row sees them
+        mask = causal_mask_over(width, past, length, model.dtype, device)
+    else:
+        mask = additive_mask_over(visible, past, length, model.dtype)
     call = compiled_forward(model, cache.mode, (width, length, hidden), skip_guards=True) if compiled else model
     if compiled and cache.mode == "reduce-overhead":
         torch.compiler.cudagraph_mark_step_begin()
@@ -200,7 +212,7 @@ def compiled_forward(model: torch.nn.Module, mode: str | None, shape: tuple[int,
         limits.recompile_limit = max(limits.recompile_limit, MIN_RECOMPILE_LIMIT)
         options = {"guard_filter_fn": unguarded_buffers}
         settings = {"mode": mode, "options": options} if mode else {"options": {**WRAPPER_OPTIONS, **options}}
-        compiled[mode] = (torch.compile(model.forward, fullgraph=True, dynamic=False, **settings), set())
+        compiled[mode] = (torch.compile(own_code(model.forward), fullgraph=True, dynamic=False, **settings), set())
     function, seen = compiled[mode]
     if shape in seen:
         return functools.partial(without_guards, function) if skip_guards else function
@@ -210,6 +222,18 @@ def compiled_forward(model: torch.nn.Module, mode: str | None, shape: tuple[int,
           "cache (first call of this shape; inductor's on-disk cache makes later processes faster)",
           file=sys.stderr, flush=True)
     return function
+
+
+def own_code(method):
+    """`method` (a bound forward) behind a function with a code object of its own. Dynamo keeps compiled graphs
+    per code object and, at every call, looks for the graph whose guards pass among all of them: every model of
+    one class (a draft and its target, both Llama) shares `forward`'s code, so each call of one would also
+    check the other's graphs, and the recompile limit (`MIN_RECOMPILE_LIMIT`) would count all their graphs."""
+    def call(**inputs):
+        return method(**inputs)
+
+    call.__code__ = call.__code__.replace(co_name=f"forward_of_{type(method.__self__).__name__}_{id(method):x}")
+    return call
 
 
 def unguarded_buffers(guards) -> list[bool]:

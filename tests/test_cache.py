@@ -19,6 +19,7 @@ from specdec_lab.cache import (
     new_cache,
     truncate,
 )
+from specdec_lab.forward import additive_mask_over, causal_mask_over
 from specdec_lab.forward import forward as engine_forward
 
 
@@ -117,3 +118,11 @@ def test_a_static_cache_too_short_for_a_forward_says_so(tiny_target):
         cache = new_cache(tiny_target)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="the static cache holds 256 positions"):
         engine_forward(tiny_target, cache, torch.zeros(300, dtype=torch.long))
+
+
+@pytest.mark.parametrize(("rows", "past", "width"), [(1, 0, 8), (1, 5, 16), (6, 10, 32), (12, 0, 20)])
+def test_the_causal_mask_is_the_general_mask_of_a_chain(rows, past, width):
+    # The decode steps' three-operation mask against the general one with a lower-triangular visibility.
+    chain = torch.ones(rows, rows, dtype=torch.bool).tril()
+    expected = additive_mask_over(chain, past, width, torch.float32)
+    assert torch.equal(causal_mask_over(rows, past, width, torch.float32, torch.device("cpu")), expected)
