@@ -74,13 +74,18 @@ inline void dot4(const float* q, const float* k, int64_t stride, int64_t dim, fl
   _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
 }
 
+// The sum of a vector's eight lanes.
+inline float lane_sum(__m256 v) {
+  float lanes[8];
+  _mm256_storeu_ps(lanes, v);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
 // q . k over `dim` floats (a multiple of 8), for the last few keys.
 inline float dot(const float* q, const float* k, int64_t dim) {
   __m256 a = _mm256_setzero_ps();
   for (int64_t d = 0; d < dim; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, a);
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  return lane_sum(a);
 }
 
 // e^x for eight floats x <= 0 (softmax's shifted scores), to about 1 ulp; exactly 0 below -87, where e^x is
@@ -146,10 +151,7 @@ void attend_one(const float* q, const float* keys, int64_t key_stride, const flo
     _mm256_storeu_ps(scores + j, weight);
     totals = _mm256_add_ps(totals, weight);
   }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, totals);
-  const __m256 inverse = _mm256_set1_ps(
-      1.f / (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))));
+  const __m256 inverse = _mm256_set1_ps(1.f / lane_sum(totals));
   for (int64_t d0 = 0; d0 < value_dim; d0 += 64) {  // eight vectors of sums at a time
     const float* chunk = values + d0;
     switch (std::min<int64_t>(64, value_dim - d0) / 8) {

@@ -107,11 +107,11 @@ def static_forward(model, cache, tokens, visible, positions, keep, hidden) -> Fo
     if past + fed > length:
         raise RuntimeError(f"the static cache holds {length} positions; {past} are cached and {fed} more were "
                            "fed (the run's plan sized it too short)")
-    if (cache.compile and fed > QUERY_BUCKETS[-1] and visible is None and initialized(cache, model)
-            and (not hidden or capture_hooks_installed(model))):
+    compilable = (cache.compile and initialized(cache, model)
+                  and (not hidden or capture_hooks_installed(model)))
+    if compilable and fed > QUERY_BUCKETS[-1] and visible is None:
         return chunked_forward(model, cache, tokens, positions, keep, hidden)
-    compiled = (cache.compile and fed <= QUERY_BUCKETS[-1] and initialized(cache, model)
-                and (not hidden or capture_hooks_installed(model)))
+    compiled = compilable and fed <= QUERY_BUCKETS[-1]
     width = compiled_width(model, cache.mode, fed, length, hidden) if compiled else fed
     if past + width > length:
         width = fed
@@ -179,10 +179,9 @@ def chunked_forward(model, cache, tokens, positions, keep, hidden) -> ForwardOut
         parts.append(static_forward(model, cache, tokens[start : start + width], None, chunk_positions, 0, hidden))
     logits = torch.cat([part.logits for part in parts], dim=1)
     states = None
-    if hidden:  # each chunk's rows past its fed tokens are padding: cut them before joining the chunks
-        fed = [len(tokens[start : start + width]) for start in range(0, len(tokens), width)]
-        states = tuple(torch.cat([part.hidden_states[layer][:, :rows] for part, rows in zip(parts, fed, strict=True)],
-                                 dim=1) for layer in range(len(parts[0].hidden_states)))
+    if hidden:  # each chunk's rows past its fed tokens (its logits' rows) are padding: cut them before joining
+        states = tuple(torch.cat([part.hidden_states[layer][:, : part.logits.shape[1]] for part in parts], dim=1)
+                       for layer in range(len(parts[0].hidden_states)))
     return ForwardOutput(logits[:, -keep:] if keep else logits, states)
 
 
