@@ -55,6 +55,20 @@ def test_compiled_decoding_emits_the_eager_tokens_with_a_handful_of_graphs(small
 
 
 @pytest.mark.compile
+def test_cpu_graphs_are_called_directly_once_compiled(small_model):
+    # On CPU each shape's graph is compiled ahead at its first call; a second run calls the graphs past dynamo,
+    # so the profiler sees no dynamo cache lookup (the per-call cost this path removes) and the tokens stay.
+    drafter = DraftModelDrafter(small_model, k=3)
+    first = generate(small_model, [4, 8, 15], drafter=drafter, max_new_tokens=16, compile=True).tokens
+    shapes = compiled_shapes(small_model)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        again = generate(small_model, [4, 8, 15], drafter=drafter, max_new_tokens=16, compile=True).tokens
+    events = {event.key for event in profile.key_averages()}
+    assert again == first and compiled_shapes(small_model) == shapes
+    assert not any("TorchDynamo Cache Lookup" in key or "Torch-Compiled Region" in key for key in events), events
+
+
+@pytest.mark.compile
 def test_a_long_prompt_is_prefilled_in_compiled_chunks(small_model):
     # 150 prompt tokens: two chunks of the widest bucket and a third of 22 (which reuses the widest graph,
     # padded), each a compiled forward after the chunks before it; EAGLE-style callers get every prompt row's
