@@ -17,9 +17,8 @@ On CPU each shape's graph is compiled ahead, at its first call, and later calls 
 frame evaluation and guards (the caller fixes by the shape everything they would check). torch.compile keeps its
 compiled code in inductor's on-disk cache, so a second process pays less than the first (it still traces each
 shape: the README's warm-up lines give both); the first call of each shape says that it is compiling. On CUDA
-the plan may ask for CUDA graphs
-(`mode="reduce-overhead"`): every call then marks a new step and its outputs are copied out of the graph's
-buffers before the next call reuses them.
+the plan may ask for CUDA graphs (`mode="reduce-overhead"`): every call then marks a new step and its outputs are
+copied out of the graph's buffers before the next call reuses them.
 """
 
 from __future__ import annotations
